@@ -1,0 +1,39 @@
+"""`semserve`: the one command line. Each subcommand lives beside the code it runs.
+
+This is the only module of semserve/ that names the services, and only as strings loaded on demand,
+so `semserve cache ...` never imports vLLM and shared code keeps importing no service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Each module has `register(subparsers)`, adding its subcommand(s) with `set_defaults(func=...)`.
+COMMAND_MODULES = [
+    "semserve.commands.model",
+    "predictors.cli",
+    "bench.cli",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="semserve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # kserve.model_server parses sys.argv when imported; our flags must not reach its parser.
+    sys.argv = sys.argv[:1]
+    code = args.func(args)
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""One typed place per service for configuration: each dataclass field is a CLI flag, an env var and a
+row of the README's settings table, with one default that runs locally.
+
+    @dataclass
+    class PredictorSettings(Settings):
+        ENV_PREFIX: ClassVar[str] = "SEMSERVE_PREDICTOR_"
+        http_port: int = setting(8090, "HTTP port for v2 REST, OpenAI routes and /metrics.")
+
+gives `--http-port` and `SEMSERVE_PREDICTOR_HTTP_PORT`. Precedence: flag, then env var, then default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, ClassVar, Self, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    secret: bool = False,
+) -> Any:
+    """Declare a setting. `secret` ones are never shown with their value and are best given by env."""
+    return dataclasses.field(
+        default=default, metadata={"help": help, "choices": choices, "secret": secret}
+    )
+
+
+def _base_type(tp: Any) -> tuple[type, bool]:
+    """(concrete type, optional?) for annotations like `int`, `Path | None`, `str`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def _convert(raw: str, tp: type, name: str) -> Any:
+    if tp is bool:
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(f"{name}: expected a boolean (true/false), got {raw!r}")
+    if tp is int:
+        return int(raw)
+    if tp is float:
+        return float(raw)
+    if tp is Path:
+        return Path(raw).expanduser()
+    return raw
+
+
+@dataclasses.dataclass
+class Settings:
+    ENV_PREFIX: ClassVar[str] = "SEMSERVE_"
+
+    @classmethod
+    def flag(cls, f: dataclasses.Field[Any]) -> str:
+        return "--" + f.name.replace("_", "-")
+
+    @classmethod
+    def env_name(cls, f: dataclasses.Field[Any]) -> str:
+        return cls.ENV_PREFIX + f.name.upper()
+
+    @classmethod
+    def _fields(cls) -> list[dataclasses.Field[Any]]:
+        hints = typing.get_type_hints(cls)
+        out = []
+        for f in dataclasses.fields(cls):
+            f.type = hints[f.name]
+            out.append(f)
+        return out
+
+    @classmethod
+    def _env_default(cls, f: dataclasses.Field[Any]) -> Any:
+        tp, _ = _base_type(f.type)
+        raw = os.environ.get(cls.env_name(f))
+        if raw is None or raw == "":
+            return f.default
+        return _convert(raw, tp, cls.env_name(f))
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(f"settings (env {cls.ENV_PREFIX}*)")
+        for f in cls._fields():
+            tp, _ = _base_type(f.type)
+            meta = f.metadata
+            kwargs: dict[str, Any] = {
+                "dest": f.name,
+                "default": argparse.SUPPRESS,
+                "help": f"{meta['help']} [env {cls.env_name(f)}; default {f.default!r}]"
+                if not meta.get("secret")
+                else f"{meta['help']} [env {cls.env_name(f)}]",
+            }
+            if tp is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = lambda raw, tp=tp, name=f.name: _convert(raw, tp, name)
+                kwargs["metavar"] = tp.__name__.upper()
+                if meta.get("choices"):
+                    kwargs["choices"] = meta["choices"]
+                    kwargs.pop("metavar")
+            group.add_argument(cls.flag(f), **kwargs)
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace | None = None) -> Self:
+        given = vars(ns) if ns is not None else {}
+        values: dict[str, Any] = {}
+        for f in cls._fields():
+            values[f.name] = given[f.name] if f.name in given else cls._env_default(f)
+            choices = f.metadata.get("choices")
+            if choices and values[f.name] not in choices:
+                raise ValueError(f"{cls.env_name(f)}: {values[f.name]!r} is not one of {choices}")
+        return cls(**values)
+
+    @classmethod
+    def from_env(cls) -> Self:
+        return cls.from_namespace(None)
+
+    @classmethod
+    def markdown_table(cls) -> str:
+        rows = ["| flag | env | default | meaning |", "| --- | --- | --- | --- |"]
+        for f in cls._fields():
+            default = "" if f.metadata.get("secret") else f"`{f.default}`"
+            rows.append(
+                f"| `{cls.flag(f)}` | `{cls.env_name(f)}` | {default} | {f.metadata['help']} |"
+            )
+        return "\n".join(rows)
+
+    def public_dict(self) -> dict[str, Any]:
+        """Values safe to log: secrets are masked."""
+        out = {}
+        for f in self._fields():
+            value = getattr(self, f.name)
+            out[f.name] = "***" if f.metadata.get("secret") and value else value
+        return out
