@@ -13,8 +13,11 @@ import sys
 # Each module has `register(subparsers)`, adding its subcommand(s) with `set_defaults(func=...)`.
 COMMAND_MODULES = [
     "semserve.commands.model",
+    "semserve.commands.up",
     "predictors.cli",
     "bench.cli",
+    "cache.cli",
+    "serverless.cli",
 ]
 
 

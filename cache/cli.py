@@ -1,0 +1,109 @@
+"""`semserve cache stats|flush|inspect`: look at and clean the cache in Redis directly (JSON out).
+
+Other modules add subcommands under `semserve cache` with `cache_subparsers(sub)`:
+
+    # cache/eval_cli.py, listed in semserve.cli.COMMAND_MODULES
+    def register(sub):
+        p = cache_subparsers(sub).add_parser("eval", help="...")
+        p.set_defaults(func=_eval)
+
+It returns the one `cache` subparsers action whichever module registers first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from cache.settings import CacheSettings
+
+_ATTR = "_semserve_cache_subparsers"
+
+
+def cache_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """The subparsers of `semserve cache`, created on first use (order-independent)."""
+    existing = getattr(sub, _ATTR, None)
+    if existing is not None:
+        return existing
+    cache = sub.add_parser("cache", help="inspect and manage the semantic cache in Redis")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True, metavar="CACHE_COMMAND")
+    setattr(sub, _ATTR, cache_sub)
+    return cache_sub
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    cs = cache_subparsers(sub)
+
+    stats = cs.add_parser("stats", help="entries per tenant, index size and memory")
+    stats.add_argument("--tenant", default=None, help="only this tenant")
+    CacheSettings.add_arguments(stats)
+    stats.set_defaults(func=_stats)
+
+    flush = cs.add_parser("flush", help="delete a tenant's entries (optionally only one model's)")
+    flush.add_argument("--tenant", required=True)
+    flush.add_argument("--model", default=None, help="only entries of this model (all revisions)")
+    CacheSettings.add_arguments(flush)
+    flush.set_defaults(func=_flush)
+
+    inspect = cs.add_parser("inspect", help="a tenant's newest entries")
+    inspect.add_argument("--tenant", required=True)
+    inspect.add_argument("--limit", type=int, default=20)
+    CacheSettings.add_arguments(inspect)
+    inspect.set_defaults(func=_inspect)
+
+
+async def _with_store(args: argparse.Namespace, op: str) -> Any:
+    from cache.store import RedisCacheStore
+
+    store = RedisCacheStore.from_settings(CacheSettings.from_namespace(args))
+    try:
+        if op == "stats":
+            return await store.stats(args.tenant)
+        if op == "flush":
+            return {
+                "tenant": args.tenant,
+                "model": args.model,
+                "deleted": await store.flush(args.tenant, args.model),
+            }
+        return await store.inspect(args.tenant, args.limit)
+    finally:
+        await store.close()
+
+
+def _run(args: argparse.Namespace, op: str) -> int:
+    from redis.exceptions import RedisError
+
+    try:
+        result = asyncio.run(_with_store(args, op))
+    except (RedisError, OSError) as e:
+        print(f"error: Redis: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, ensure_ascii=False, default=str))
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    return _run(args, "stats")
+
+
+def _flush(args: argparse.Namespace) -> int:
+    return _run(args, "flush")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    return _run(args, "inspect")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m cache.cli stats ...`: the same commands without the rest of semserve's CLI."""
+    parser = argparse.ArgumentParser(prog="python -m cache.cli")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["cache", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

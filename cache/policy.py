@@ -1,0 +1,429 @@
+"""The cache policy: when to read, what to serve, when to write, and what to do when Redis fails.
+
+Kept apart from the layout (cache.schema, cache.store) and from the models (cache.interfaces), so
+each can change alone.
+
+Lookup: exact key first (one Redis read, no embedding); then embed, KNN over entries with the same
+tenant + model + fingerprint, and the verifier on candidates best-first; the first accepted one is
+served. Candidates under `min_similarity` are not even verified.
+
+Fail open: every lookup runs under one deadline (`lookup_timeout_ms`), every store under
+`store_timeout_ms`. A Redis error or timeout makes the lookup return status "error" (the caller goes
+to the predictor), bumps a counter, and marks the cache degraded with ONE log line. While degraded,
+requests skip Redis entirely and one probe is let through every `degraded_retry_s`; the first
+success logs the recovery and recreates the index if Redis came back empty.
+
+Single flight (`run_once`): concurrent identical misses in this process (same exact key) call
+`produce` once; the others wait up to `singleflight_wait_s` for its answer. Decisions:
+- if the leader's `produce` raises, the waiters get the same exception: it is the same request, so
+  the same failure is the likely outcome, and N retries would hit a predictor that is already
+  failing. The client may retry.
+- if the leader is cancelled (its client went away), the waiters are not: they form a new flight,
+  one of them becomes the leader.
+- a waiter whose wait runs out calls its own `produce` (bounded wait, never a hang).
+Replicas do not coordinate: each pod runs its own flights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from redis.exceptions import BusyLoadingError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from cache import keys
+from cache.interfaces import Embedder, Verdict, Verifier
+from cache.keys import CacheRequest
+from cache.settings import CacheSettings
+from cache.store import RedisCacheStore, is_missing_index
+from semserve.logs import get_logger
+
+log = get_logger("cache.policy")
+
+Status = Literal["exact", "semantic", "miss", "bypass", "error"]
+T = TypeVar("T")
+
+# Redis unreachable or not serving: these trip the degraded state. Other ResponseErrors (e.g. OOM
+# on a write) mean Redis answers; they are counted and logged but do not stop lookups.
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError, TimeoutError)
+
+
+@dataclass
+class LookupResult:
+    status: Status
+    answer: dict[str, Any] | None = None
+    similarity: float | None = None  # of the served entry; on a miss, of the best candidate seen
+    verdict: Verdict | None = None  # the accepting verdict; on a miss, the best candidate's rejection
+    entry_id: str | None = None
+    cached_prompt: str | None = None  # the stored prompt of the served entry
+    candidates: int = 0  # KNN results at or above min_similarity
+    timings: dict[str, float] = field(default_factory=dict)  # ms: exact, embed, search, verify, total
+    error: str | None = None  # why, when status == "error"
+    # The embedding computed during the lookup: pass it to store()/run_once() to avoid a second one.
+    vector: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def hit(self) -> bool:
+        return self.status in ("exact", "semantic")
+
+
+@dataclass
+class CacheCounters:
+    """Plain counters; the transformer exports them (e.g. a Prometheus collector reading them)."""
+
+    lookups: Counter[str] = field(default_factory=Counter)  # by status
+    redis_errors: int = 0  # failed or timed-out Redis calls
+    embed_errors: int = 0
+    timeouts: int = 0  # lookups/stores that ran out of their budget (any phase)
+    skipped_degraded: int = 0  # lookups/stores that did not try Redis because it is degraded
+    stores: int = 0
+    store_errors: int = 0
+    index_created: int = 0
+    verifier_rejections: int = 0
+    verifier_errors: int = 0
+    internal_errors: int = 0  # bugs or corrupt entries, turned into status "error"
+    singleflight_leaders: int = 0
+    singleflight_joined: int = 0
+    singleflight_wait_timeouts: int = 0
+    degraded: bool = False
+
+
+class _LeaderCancelled(Exception):
+    pass
+
+
+class _Phase:
+    """Which step a lookup is in, so a deadline hit can be blamed on Redis or on the embedder."""
+
+    def __init__(self) -> None:
+        self.name = "start"
+
+
+class SemanticCache:
+    def __init__(
+        self,
+        store: RedisCacheStore,
+        embedder: Embedder,
+        verifier: Verifier,
+        settings: CacheSettings,
+    ) -> None:
+        dim = getattr(embedder, "dim", None)
+        if dim is not None and int(dim) != store.schema.dim:
+            raise ValueError(f"embedder dim {dim} != index dim {store.schema.dim}")
+        self.redis_store = store  # not `self.store`: that is the method
+        self.embedder = embedder
+        self.verifier = verifier
+        self.settings = settings
+        self.counters = CacheCounters()
+        self._probe_at = 0.0
+        self._failing: dict[str, str] = {}  # component -> last error, for one log line per change
+        self._flights: dict[str, asyncio.Future[Any]] = {}
+
+    @property
+    def degraded(self) -> bool:
+        return self.counters.degraded
+
+    # -- health ------------------------------------------------------------------------------------
+
+    def _fail(self, component: str, exc: BaseException | str, per_message: bool = False) -> None:
+        msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        if component not in self._failing or (per_message and self._failing[component] != msg):
+            log.warning("cache_degraded", component=component, error=msg)
+        self._failing[component] = msg
+
+    def _recovered(self, component: str) -> None:
+        if self._failing.pop(component, None) is not None:
+            log.info("cache_recovered", component=component)
+
+    def _redis_down(self, exc: BaseException | str) -> None:
+        self.counters.redis_errors += 1
+        self.counters.degraded = True
+        self._probe_at = time.monotonic() + self.settings.degraded_retry_s
+        self._fail("redis", exc)
+
+    def _redis_allowed(self) -> bool:
+        if not self.counters.degraded:
+            return True
+        now = time.monotonic()
+        if now >= self._probe_at:
+            self._probe_at = now + self.settings.degraded_retry_s  # one probe per interval
+            return True
+        self.counters.skipped_degraded += 1
+        return False
+
+    async def _redis_up(self) -> None:
+        if not self.counters.degraded:
+            return
+        self.counters.degraded = False
+        self._recovered("redis")
+        # Redis may be a fresh, empty instance now.
+        await self.ensure_index()
+
+    async def ensure_index(self) -> bool:
+        """Create the index if missing. Never raises for Redis failures (returns False)."""
+        try:
+            async with asyncio.timeout(self.settings.store_timeout_ms / 1000.0):
+                created = await self.redis_store.ensure_index()
+        except (RedisError, *_UNREACHABLE) as e:
+            self._redis_down(e)
+            return False
+        if created:
+            self.counters.index_created += 1
+        return created
+
+    async def start(self) -> None:
+        """Best effort at startup: the service starts even if Redis is not there yet."""
+        if self.settings.enabled:
+            await self.ensure_index()
+
+    async def close(self) -> None:
+        await self.redis_store.close()
+
+    # -- lookup ------------------------------------------------------------------------------------
+
+    def _skip(self, req: CacheRequest) -> bool:
+        return not self.settings.enabled or req.bypass or not keys.normalize_text(req.prompt)
+
+    def _finish(self, res: LookupResult, t0: float) -> LookupResult:
+        res.timings["total"] = (time.perf_counter() - t0) * 1000.0
+        self.counters.lookups[res.status] += 1
+        log.debug(
+            "cache_lookup",
+            status=res.status,
+            similarity=res.similarity,
+            rule=res.verdict.rule if res.verdict else None,
+            timings={k: round(v, 3) for k, v in res.timings.items()},
+            error=res.error,
+        )
+        return res
+
+    async def lookup(self, req: CacheRequest) -> LookupResult:
+        t0 = time.perf_counter()
+        if self._skip(req):
+            return self._finish(LookupResult("bypass"), t0)
+        if not self._redis_allowed():
+            return self._finish(LookupResult("error", error="degraded"), t0)
+        res = LookupResult("miss")
+        phase = _Phase()
+        try:
+            async with asyncio.timeout(self.settings.lookup_timeout_ms / 1000.0):
+                await self._lookup(req, res, phase)
+        except TimeoutError:
+            self.counters.timeouts += 1
+            res = LookupResult("error", timings=res.timings, error=f"timeout in {phase.name}")
+            if phase.name == "embed":
+                self.counters.embed_errors += 1
+                self._fail("embedder", res.error)
+            else:
+                self._redis_down(res.error)
+        except RedisError as e:
+            res = LookupResult("error", timings=res.timings, error=f"{type(e).__name__} in {phase.name}")
+            if isinstance(e, _UNREACHABLE):
+                self._redis_down(e)
+            else:
+                self.counters.redis_errors += 1
+                self._fail("redis_command", e)
+        except OSError as e:
+            res = LookupResult("error", timings=res.timings, error=f"{type(e).__name__} in {phase.name}")
+            self._redis_down(e)
+        except _EmbedError as e:
+            res = LookupResult("error", timings=res.timings, error=f"embedder: {e.__cause__!r}")
+            self.counters.embed_errors += 1
+            self._fail("embedder", e.__cause__ or e)
+        except Exception as e:
+            # A bug or a corrupt entry must cost a cache miss, never the request.
+            res = LookupResult("error", timings=res.timings, error=f"{type(e).__name__} in {phase.name}")
+            self.counters.internal_errors += 1
+            self._fail("internal", e, per_message=True)
+        return self._finish(res, t0)
+
+    async def _lookup(self, req: CacheRequest, res: LookupResult, phase: _Phase) -> None:
+        t = time.perf_counter()
+        phase.name = "exact"
+        hit = await self.redis_store.get_exact(req)
+        res.timings["exact"] = (time.perf_counter() - t) * 1000.0
+        await self._redis_up()
+        if hit is not None:
+            res.status, res.answer, res.similarity = "exact", hit.answer, 1.0
+            res.entry_id, res.cached_prompt = hit.entry_id, hit.prompt
+            return
+
+        t = time.perf_counter()
+        phase.name = "embed"
+        res.vector = await self._embed(req.prompt)
+        res.timings["embed"] = (time.perf_counter() - t) * 1000.0
+
+        t = time.perf_counter()
+        phase.name = "search"
+        try:
+            candidates = await self.redis_store.search(req, res.vector, self.settings.knn_k)
+        except ResponseError as e:
+            if not is_missing_index(e):
+                raise
+            # Redis restarted empty without us seeing it fail: recreate, and this one is a miss.
+            await self.ensure_index()
+            candidates = []
+        res.timings["search"] = (time.perf_counter() - t) * 1000.0
+
+        t = time.perf_counter()
+        phase.name = "verify"
+        candidates = [c for c in candidates if c.similarity >= self.settings.min_similarity]
+        res.candidates = len(candidates)
+        for c in candidates:  # best first
+            verdict = self._verify(req.prompt, c.prompt, c.similarity)
+            if verdict.accept:
+                res.status, res.answer, res.verdict = "semantic", c.answer, verdict
+                res.similarity, res.entry_id, res.cached_prompt = c.similarity, c.entry_id, c.prompt
+                break
+            self.counters.verifier_rejections += 1
+            if res.verdict is None:
+                res.similarity, res.verdict = c.similarity, verdict
+        res.timings["verify"] = (time.perf_counter() - t) * 1000.0
+
+    def _verify(self, query: str, candidate: str, similarity: float) -> Verdict:
+        try:
+            verdict = self.verifier.check(query, candidate, similarity)
+        except Exception as e:
+            # A verifier that cannot decide rejects: serving a wrong answer is worse than a miss.
+            self.counters.verifier_errors += 1
+            self._fail("verifier", e, per_message=True)
+            return Verdict(False, "verifier_error", similarity, f"{type(e).__name__}: {e}")
+        self._recovered("verifier")
+        return verdict
+
+    async def _embed(self, text: str) -> np.ndarray:
+        try:
+            vec = await self.embedder.embed(text)
+        except (asyncio.CancelledError, TimeoutError):
+            raise
+        except Exception as e:
+            raise _EmbedError() from e
+        self._recovered("embedder")
+        return vec
+
+    # -- store -------------------------------------------------------------------------------------
+
+    async def store(
+        self, req: CacheRequest, answer: dict[str, Any], vector: np.ndarray | None = None
+    ) -> bool:
+        """Write the answer for `req`. Returns False (and never raises) when it could not."""
+        if self._skip(req):
+            return False
+        if not self._redis_allowed():
+            return False
+        phase = _Phase()
+        try:
+            async with asyncio.timeout(self.settings.store_timeout_ms / 1000.0):
+                if vector is None:
+                    phase.name = "embed"
+                    vector = await self._embed(req.prompt)
+                phase.name = "put"
+                await self.redis_store.put(req, req.prompt, vector, answer, self.settings.ttl_seconds)
+                await self._redis_up()
+        except TimeoutError:
+            self.counters.timeouts += 1
+            self.counters.store_errors += 1
+            if phase.name == "embed":
+                self.counters.embed_errors += 1
+                self._fail("embedder", "timeout")
+            else:
+                self._redis_down(f"timeout in store {phase.name}")
+            return False
+        except _EmbedError as e:
+            self.counters.embed_errors += 1
+            self.counters.store_errors += 1
+            self._fail("embedder", e.__cause__ or e)
+            return False
+        except (RedisError, OSError) as e:
+            self.counters.store_errors += 1
+            if isinstance(e, _UNREACHABLE):
+                self._redis_down(e)
+            else:
+                self.counters.redis_errors += 1
+                self._fail("redis_command", e)
+            return False
+        except Exception as e:
+            # Not JSON-able answer, wrong vector size, a bug: the request must still succeed.
+            self.counters.store_errors += 1
+            log.error("cache_store_rejected", error=f"{type(e).__name__}: {e}")
+            return False
+        self.counters.stores += 1
+        return True
+
+    # -- single flight -----------------------------------------------------------------------------
+
+    async def run_once(
+        self,
+        req: CacheRequest,
+        produce: Callable[[], Awaitable[T]],
+        *,
+        vector: np.ndarray | None = None,
+        should_store: Callable[[T], bool] | None = None,
+        store: bool = True,
+    ) -> T:
+        """Call `produce` once for all concurrent identical requests; the leader stores its answer
+        (if `store` and `should_store(answer)`) before the flight closes, so requests arriving in
+        between still share it."""
+        if self._skip(req):
+            return await produce()
+        key = keys.exact_key(req, self.redis_store.schema.version)
+        while True:
+            fut = self._flights.get(key)
+            if fut is None:
+                break
+            self.counters.singleflight_joined += 1
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), self.settings.singleflight_wait_s)
+            except TimeoutError:
+                self.counters.singleflight_wait_timeouts += 1
+                return await produce()
+            except _LeaderCancelled:
+                continue
+
+        self.counters.singleflight_leaders += 1
+        fut = asyncio.get_running_loop().create_future()
+        # Nobody may be waiting: do not let asyncio log "exception never retrieved".
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._flights[key] = fut
+        try:
+            try:
+                answer = await produce()
+            except asyncio.CancelledError:
+                fut.set_exception(_LeaderCancelled())
+                raise
+            except BaseException as e:
+                fut.set_exception(e)
+                raise
+            fut.set_result(answer)  # release the waiters before the store round trip
+            if store and (should_store is None or should_store(answer)):
+                await self.store(req, answer, vector)  # type: ignore[arg-type]
+            return answer
+        finally:
+            if self._flights.get(key) is fut:
+                del self._flights[key]
+
+    async def serve(
+        self,
+        req: CacheRequest,
+        produce: Callable[[], Awaitable[Any]],
+        *,
+        should_store: Callable[[Any], bool] | None = None,
+    ) -> tuple[LookupResult, Any]:
+        """lookup, and on anything but a hit, `run_once(produce)` + store. For callers whose
+        answer is the stored payload itself (non-streaming)."""
+        res = await self.lookup(req)
+        if res.hit:
+            return res, res.answer
+        answer = await self.run_once(req, produce, vector=res.vector, should_store=should_store)
+        return res, answer
+
+
+class _EmbedError(Exception):
+    """The embedder raised; its exception is __cause__."""

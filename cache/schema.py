@@ -1,0 +1,111 @@
+"""The Redis layout of the cache: index name, key names and the FT.CREATE field list, all versioned.
+
+Every name carries `v{SCHEMA_VERSION}`: index `semserve:v1:{deployment}`, entries under
+`semserve:v1:{deployment}:e:`. Bump SCHEMA_VERSION whenever the stored fields, the fingerprint
+recipe (cache.keys) or the vector model change: the new code then reads only the new prefix and
+index, so old entries are never served; they stop being written and die by their TTL (or drop
+them with FT.DROPINDEX ... DD on the old index name).
+
+Only the fields that are filtered or sorted on are indexed. The answer payload, the prompt text and
+the display names live in the same hash but outside the schema: RediSearch can still RETURN them,
+without tokenizing anything.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA_VERSION = 1
+DEFAULT_DIM = 384  # all-MiniLM-L6-v2
+
+# Hash field names, shared by the index definition and by store.py.
+F_VECTOR = "vec"
+F_TENANT = "tenant"  # TAG: keys.tag_value(tenant), hex only
+F_MODEL = "model"  # TAG: keys.tag_value(model), hex only
+F_FINGERPRINT = "fp"  # TAG: keys.fingerprint(req), hex only
+F_KIND = "kind"  # TAG: "chat" | "completion" | "v2"
+F_CREATED_AT = "created_at"  # NUMERIC SORTABLE, unix seconds from the Redis clock
+# Not indexed, only stored and returned:
+F_ANSWER = "answer"  # the service's answer, JSON text, opaque to the cache
+F_PROMPT = "prompt"  # the last user message as received, for the verifier and `cache inspect`
+F_TENANT_NAME = "tenant_name"  # raw tenant id, for display only
+F_MODEL_NAME = "model_name"  # raw model name (+ "@revision"), for display only
+
+_DEPLOYMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class IndexSchema:
+    """Names and index definition for one deployment at one schema version."""
+
+    deployment: str = "default"
+    dim: int = DEFAULT_DIM
+    version: int = SCHEMA_VERSION
+    # HNSW build parameters: RediSearch defaults, fine for up to ~1M vectors of this size.
+    hnsw_m: int = 16
+    hnsw_ef_construction: int = 200
+
+    def __post_init__(self) -> None:
+        # Deployment names end up inside key names and the index name; ':' would let two
+        # deployments' prefixes overlap, so only a plain charset is allowed.
+        if not _DEPLOYMENT_RE.match(self.deployment):
+            raise ValueError(
+                f"deployment name {self.deployment!r} must match {_DEPLOYMENT_RE.pattern} "
+                "(it becomes part of Redis key names)"
+            )
+        if self.dim <= 0 or self.version <= 0:
+            raise ValueError("dim and version must be positive")
+
+    @property
+    def base(self) -> str:
+        return f"semserve:v{self.version}:{self.deployment}"
+
+    @property
+    def index_name(self) -> str:
+        return self.base
+
+    @property
+    def entry_prefix(self) -> str:
+        return f"{self.base}:e:"
+
+    def entry_key(self, entry_id: str) -> str:
+        return self.entry_prefix + entry_id
+
+    def tenant_zset_key(self, tenant_tag: str) -> str:
+        """Sorted set of a tenant's entry ids scored by creation time (µs), for the per-tenant cap."""
+        return f"{self.base}:t:{tenant_tag}"
+
+    @property
+    def tenants_key(self) -> str:
+        """Hash tenant tag -> raw tenant name, so stats can show names although tags are hashes."""
+        return f"{self.base}:tenants"
+
+    def fields(self) -> list[Any]:
+        # Imported here so that importing the settings (and the CLI's --help) stays light.
+        from redis.commands.search.field import NumericField, TagField, VectorField
+
+        return [
+            VectorField(
+                F_VECTOR,
+                "HNSW",
+                {
+                    "TYPE": "FLOAT32",
+                    "DIM": self.dim,
+                    "DISTANCE_METRIC": "COSINE",
+                    "M": self.hnsw_m,
+                    "EF_CONSTRUCTION": self.hnsw_ef_construction,
+                },
+            ),
+            TagField(F_TENANT),
+            TagField(F_MODEL),
+            TagField(F_FINGERPRINT),
+            TagField(F_KIND),
+            NumericField(F_CREATED_AT, sortable=True),
+        ]
+
+    def definition(self) -> Any:
+        from redis.commands.search.index_definition import IndexDefinition, IndexType
+
+        return IndexDefinition(prefix=[self.entry_prefix], index_type=IndexType.HASH)

@@ -1,0 +1,476 @@
+"""Storage of cache entries in Redis + RediSearch: one hash per entry, one HNSW index per deployment.
+
+Entry id = `keys.exact_key(req)`: the exact lookup is one HMGET on the entry itself (no pointer key
+to keep in step with it), and two replicas storing the same request overwrite one entry instead of
+adding two.
+
+Lifetime: a fixed TTL set when the entry is written; reads never touch it. Per-tenant cap: a sorted
+set of the tenant's ids scored by creation time (Redis clock, µs), trimmed in the same Lua script
+that writes the entry, so the cap holds under concurrent writers. The script names evicted keys it
+derives itself, which is fine on a standalone Redis (not cluster-safe).
+
+This module does no timeouts or fail-open itself beyond the socket timeout: that is cache.policy's
+job. Errors surface as redis-py exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+
+from cache import keys
+from cache.keys import CacheRequest
+from cache.schema import (
+    F_ANSWER,
+    F_CREATED_AT,
+    F_FINGERPRINT,
+    F_KIND,
+    F_MODEL,
+    F_MODEL_NAME,
+    F_PROMPT,
+    F_TENANT,
+    F_TENANT_NAME,
+    F_VECTOR,
+    SCHEMA_VERSION,
+    IndexSchema,
+)
+from cache.settings import CacheSettings
+from semserve.logs import get_logger
+
+log = get_logger("cache.store")
+
+# KEYS: entry hash, tenant zset, tenants hash.
+# ARGV: ttl_ms, cap, entry prefix, entry id, tenant tag, tenant name, field/value pairs...
+# Returns {created_at as "%.6f" seconds, number of evicted entries}.
+_PUT_LUA = """
+local ttl_ms = tonumber(ARGV[1])
+local cap = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- Strictly increasing scores, so "oldest" is well defined even for writes in the same microsecond.
+local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+if last[2] ~= nil and tonumber(last[2]) >= now then now = tonumber(last[2]) + 1 end
+local created = string.format('%.6f', now / 1000000)
+-- DEL first: an overwrite must not keep fields of the previous version.
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'created_at', created, unpack(ARGV, 7))
+redis.call('PEXPIRE', KEYS[1], ttl_ms)
+-- Ids whose entries have expired by now would count against the cap.
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. string.format('%.0f', now - ttl_ms * 1000))
+redis.call('ZADD', KEYS[2], string.format('%.0f', now), ARGV[4])
+local evicted = 0
+local over = redis.call('ZCARD', KEYS[2]) - cap
+if over > 0 then
+  local old = redis.call('ZRANGE', KEYS[2], 0, over - 1)
+  for _, id in ipairs(old) do evicted = evicted + redis.call('DEL', ARGV[3] .. id) end
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, over - 1)
+end
+-- The zset lives as long as its youngest entry.
+if redis.call('PTTL', KEYS[2]) < ttl_ms then redis.call('PEXPIRE', KEYS[2], ttl_ms) end
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[6])
+return {created, evicted}
+"""
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    answer: dict[str, Any]  # the service's payload, returned as stored
+    entry_id: str
+    created_at: float  # unix seconds (Redis clock)
+    similarity: float = 1.0  # 1.0 for exact hits
+    prompt: str = ""  # the stored prompt (for a semantic hit: the paraphrase that was cached)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    entry_id: str
+    prompt: str
+    similarity: float  # cosine similarity, 1 - RediSearch's cosine distance
+    answer: dict[str, Any]
+    created_at: float
+
+    def to_answer(self) -> CachedAnswer:
+        return CachedAnswer(self.answer, self.entry_id, self.created_at, self.similarity, self.prompt)
+
+
+class SchemaMismatchError(RuntimeError):
+    """The index exists with a different layout; bump SCHEMA_VERSION instead of reusing the name."""
+
+
+def is_missing_index(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    return isinstance(exc, ResponseError) and ("no such index" in msg or "unknown index" in msg)
+
+
+def make_client(settings: CacheSettings) -> aioredis.Redis:
+    """An asyncio client whose every call is bounded by the store timeout.
+
+    One immediate retry (no backoff) covers the stale pooled connection after a Redis restart; the
+    library default (3 retries, exponential backoff) would stall requests for seconds.
+    """
+    timeout = settings.store_timeout_ms / 1000.0
+    kwargs: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 1),
+        "protocol": 3,
+        "decode_responses": False,  # vectors are binary
+        "health_check_interval": 0,
+    }
+    if settings.redis_password:
+        kwargs["password"] = settings.redis_password
+    return aioredis.Redis.from_url(settings.redis_url, **kwargs)
+
+
+def _s(v: Any) -> str:
+    return v.decode("utf-8", "surrogatepass") if isinstance(v, bytes) else str(v)
+
+
+def _b(v: str) -> bytes:
+    # surrogatepass: a lone surrogate (valid in a Python str decoded from JSON) must round-trip,
+    # not make the write fail.
+    return v.encode("utf-8", "surrogatepass")
+
+
+def _map(v: Any) -> dict[str, Any]:
+    """A RESP3 map or a RESP2 flat list, as a dict with str keys."""
+    if isinstance(v, dict):
+        return {_s(k): x for k, x in v.items()}
+    return {_s(v[i]): v[i + 1] for i in range(0, len(v) - 1, 2)}
+
+
+def _search_rows(res: Any) -> tuple[int, list[tuple[str, dict[str, Any]]]]:
+    """(total, [(key, fields)]) from a raw FT.SEARCH reply, RESP3 or RESP2."""
+    if isinstance(res, dict):
+        m = _map(res)
+        rows = []
+        for r in m.get("results", []):
+            rm = _map(r)
+            rows.append((_s(rm["id"]), _map(rm.get("extra_attributes") or {})))
+        return int(m.get("total_results", 0)), rows
+    # RESP2: [total, key, [field, value, ...], key, [...], ...] (callers using NOCONTENT parse their own)
+    total, rest = int(res[0]), res[1:]
+    rows = [(_s(rest[i]), _map(rest[i + 1])) for i in range(0, len(rest) - 1, 2)]
+    return total, rows
+
+
+class RedisCacheStore:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        schema: IndexSchema,
+        *,
+        max_entries_per_tenant: int = 10000,
+        ttl_seconds: int = 86400,
+    ) -> None:
+        if max_entries_per_tenant < 1 or ttl_seconds < 1:
+            raise ValueError("max_entries_per_tenant and ttl_seconds must be >= 1")
+        self.client = client
+        self.schema = schema
+        self.max_entries_per_tenant = max_entries_per_tenant
+        self.ttl_seconds = ttl_seconds
+        self._put_script = client.register_script(_PUT_LUA)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: CacheSettings,
+        *,
+        schema_version: int = SCHEMA_VERSION,
+        client: aioredis.Redis | None = None,
+    ) -> RedisCacheStore:
+        schema = IndexSchema(settings.deployment, settings.embedding_dim, schema_version)
+        return cls(
+            client if client is not None else make_client(settings),
+            schema,
+            max_entries_per_tenant=settings.max_entries_per_tenant,
+            ttl_seconds=settings.ttl_seconds,
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def ping(self) -> bool:
+        return bool(await self.client.ping())
+
+    # -- index -------------------------------------------------------------------------------------
+
+    async def ensure_index(self) -> bool:
+        """Create the index if it is missing (first start, or Redis came back empty). Idempotent.
+
+        Returns True if this call created it. Raises SchemaMismatchError if an index of this name
+        exists with another vector dimension.
+        """
+        name = self.schema.index_name
+        try:
+            info = _map(await self.client.execute_command("FT.INFO", name))
+        except ResponseError as e:
+            if not is_missing_index(e):
+                raise
+        else:
+            self._check_dim(info)
+            return False
+        try:
+            await self.client.ft(name).create_index(self.schema.fields(), definition=self.schema.definition())
+        except ResponseError as e:
+            if "already exists" in str(e).lower():  # another replica won the race
+                return False
+            raise
+        log.info("cache_index_created", index=name, dim=self.schema.dim, version=self.schema.version)
+        return True
+
+    def _check_dim(self, info: dict[str, Any]) -> None:
+        for attr in info.get("attributes", []):
+            a = _map(attr)
+            if _s(a.get("identifier", "")) == F_VECTOR and "dim" in a:
+                if int(a["dim"]) != self.schema.dim:
+                    raise SchemaMismatchError(
+                        f"index {self.schema.index_name} has dim {a['dim']}, expected {self.schema.dim}; "
+                        "bump cache.schema.SCHEMA_VERSION when the embedder changes"
+                    )
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def entry_id(self, req: CacheRequest) -> str:
+        return keys.exact_key(req, self.schema.version)
+
+    async def get_exact(self, req: CacheRequest) -> CachedAnswer | None:
+        """One HMGET of the entry keyed by the exact key; the vector is not transferred."""
+        entry_id = self.entry_id(req)
+        answer, created, prompt = await self.client.hmget(
+            self.schema.entry_key(entry_id), [F_ANSWER, F_CREATED_AT, F_PROMPT]
+        )
+        if answer is None:
+            return None
+        return CachedAnswer(
+            answer=json.loads(_s(answer)),
+            entry_id=entry_id,
+            created_at=float(created or 0.0),
+            similarity=1.0,
+            prompt=_s(prompt or b""),
+        )
+
+    def _filter(self, req: CacheRequest) -> str:
+        # All values are hex digests: nothing in them needs escaping in a TAG query.
+        return (
+            f"@{F_TENANT}:{{{keys.tenant_tag(req.tenant)}}} "
+            f"@{F_MODEL}:{{{keys.model_tag(req.model)}}} "
+            f"@{F_FINGERPRINT}:{{{keys.fingerprint(req, self.schema.version)}}}"
+        )
+
+    def _vector_bytes(self, vector: np.ndarray) -> bytes:
+        v = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if v.shape[0] != self.schema.dim:
+            raise ValueError(f"vector has {v.shape[0]} dims, the index has {self.schema.dim}")
+        return v.tobytes()
+
+    async def search(self, req: CacheRequest, vector: np.ndarray, k: int = 5) -> list[Candidate]:
+        """The k nearest entries with the same tenant, model and fingerprint, most similar first."""
+        query = f"({self._filter(req)})=>[KNN {int(k)} @{F_VECTOR} $vec AS dist]"
+        res = await self.client.execute_command(
+            "FT.SEARCH", self.schema.index_name, query,
+            "PARAMS", 2, "vec", self._vector_bytes(vector),
+            "RETURN", 4, F_PROMPT, F_ANSWER, F_CREATED_AT, "dist",
+            "SORTBY", "dist", "ASC",
+            "LIMIT", 0, int(k),
+            "DIALECT", 2,
+        )  # fmt: skip
+        _, rows = _search_rows(res)
+        prefix = self.schema.entry_prefix
+        out = []
+        for key, f in rows:
+            if F_ANSWER not in f:  # expired between match and load
+                continue
+            out.append(
+                Candidate(
+                    entry_id=key[len(prefix) :] if key.startswith(prefix) else key,
+                    prompt=_s(f.get(F_PROMPT, b"")),
+                    similarity=1.0 - float(_s(f["dist"])),
+                    answer=json.loads(_s(f[F_ANSWER])),
+                    created_at=float(_s(f.get(F_CREATED_AT, b"0"))),
+                )
+            )
+        out.sort(key=lambda c: c.similarity, reverse=True)
+        return out
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    async def put(
+        self,
+        req: CacheRequest,
+        prompt: str,
+        vector: np.ndarray,
+        answer: dict[str, Any],
+        ttl_seconds: int | None = None,
+    ) -> str:
+        """Write (or overwrite) the entry for `req`; returns its id. Evicts the tenant's oldest
+        entries beyond the cap in the same script."""
+        ttl = int(ttl_seconds if ttl_seconds is not None else self.ttl_seconds)
+        if ttl < 1:
+            raise ValueError("ttl_seconds must be >= 1")
+        entry_id = self.entry_id(req)
+        t_tag = keys.tenant_tag(req.tenant)
+        fields: list[Any] = [
+            F_VECTOR, self._vector_bytes(vector),
+            F_TENANT, t_tag,
+            F_MODEL, keys.model_tag(req.model),
+            F_FINGERPRINT, keys.fingerprint(req, self.schema.version),
+            F_KIND, req.kind,
+            F_ANSWER, _b(json.dumps(answer, ensure_ascii=False, allow_nan=False)),
+            F_PROMPT, _b(prompt),
+            F_TENANT_NAME, _b(req.tenant),
+            F_MODEL_NAME, _b(req.model_label),
+        ]  # fmt: skip
+        _, evicted = await self._put_script(
+            keys=[
+                self.schema.entry_key(entry_id),
+                self.schema.tenant_zset_key(t_tag),
+                self.schema.tenants_key,
+            ],
+            args=[
+                ttl * 1000,
+                self.max_entries_per_tenant,
+                self.schema.entry_prefix,
+                entry_id,
+                t_tag,
+                _b(req.tenant),
+                *fields,
+            ],
+        )
+        if int(evicted):
+            log.debug("cache_evicted", tenant_tag=t_tag[:12], count=int(evicted))
+        return entry_id
+
+    async def _ids_matching(self, query: str, batch: int) -> list[str]:
+        res = await self.client.execute_command(
+            "FT.SEARCH", self.schema.index_name, query, "NOCONTENT", "LIMIT", 0, batch, "DIALECT", 2
+        )
+        if isinstance(res, dict):
+            _, rows = _search_rows(res)
+            keys_ = [k for k, _ in rows]
+        else:
+            keys_ = [_s(k) for k in res[1:]]
+        prefix = self.schema.entry_prefix
+        return [k[len(prefix) :] for k in keys_ if k.startswith(prefix)]
+
+    async def flush(self, tenant: str, model: str | None = None, *, batch: int = 1000) -> int:
+        """Delete a tenant's entries (only those of `model`, all revisions, if given). Returns the count."""
+        t_tag = keys.tenant_tag(tenant)
+        zkey = self.schema.tenant_zset_key(t_tag)
+        query = f"@{F_TENANT}:{{{t_tag}}}"
+        if model is not None:
+            query += f" @{F_MODEL}:{{{keys.model_tag(model)}}}"
+        deleted = 0
+        try:
+            while True:
+                ids = await self._ids_matching(query, batch)
+                if not ids:
+                    break
+                pipe = self.client.pipeline(transaction=False)
+                pipe.delete(*[self.schema.entry_key(i) for i in ids])
+                pipe.zrem(zkey, *ids)
+                n, _ = await pipe.execute()
+                deleted += int(n)
+                if int(n) == 0:  # the index still lists keys that are already gone
+                    break
+        except ResponseError as e:
+            if not is_missing_index(e):
+                raise
+        if model is None:
+            # The zset also knows entries the index may not (index missing or still rebuilding).
+            ids = [_s(i) for i in await self.client.zrange(zkey, 0, -1)]
+            if ids:
+                deleted += int(await self.client.delete(*[self.schema.entry_key(i) for i in ids]))
+            await self.client.delete(zkey)
+            await self.client.hdel(self.schema.tenants_key, t_tag)
+        log.info("cache_flushed", tenant=tenant, model=model, deleted=deleted)
+        return deleted
+
+    # -- introspection -----------------------------------------------------------------------------
+
+    async def _count(self, query: str) -> int:
+        res = await self.client.execute_command(
+            "FT.SEARCH", self.schema.index_name, query, "LIMIT", 0, 0, "DIALECT", 2
+        )
+        return _search_rows(res)[0]
+
+    async def stats(self, tenant: str | None = None) -> dict[str, Any]:
+        """Entries per tenant and index figures. Counts come from the index, so they exclude expired
+        entries once Redis has reaped them."""
+        out: dict[str, Any] = {"index": self.schema.index_name, "schema_version": self.schema.version}
+        try:
+            info = _map(await self.client.execute_command("FT.INFO", self.schema.index_name))
+        except ResponseError as e:
+            if not is_missing_index(e):
+                raise
+            out["index_exists"] = False
+            out["tenants"] = {}
+            return out
+        out["index_exists"] = True
+        out["num_docs"] = int(info.get("num_docs", 0))
+        for k in ("vector_index_sz_mb", "total_index_memory_sz_mb", "inverted_sz_mb"):
+            if k in info:
+                out[k] = float(_s(info[k]))
+        out["percent_indexed"] = float(_s(info.get("percent_indexed", 1)))
+        mem = await self.client.info("memory")
+        out["redis_used_memory_bytes"] = int(mem.get("used_memory", 0))
+        if tenant is not None:
+            names = {keys.tenant_tag(tenant): tenant}
+        else:
+            names = {_s(k): _s(v) for k, v in (await self.client.hgetall(self.schema.tenants_key)).items()}
+        tenants = {}
+        for tag, name in sorted(names.items(), key=lambda kv: kv[1]):
+            n = await self._count(f"@{F_TENANT}:{{{tag}}}")
+            if n or tenant is not None:
+                tenants[name] = n
+        out["tenants"] = tenants
+        return out
+
+    async def inspect(self, tenant: str, limit: int = 20) -> list[dict[str, Any]]:
+        """A tenant's newest entries, for debugging."""
+        t_tag = keys.tenant_tag(tenant)
+        try:
+            res = await self.client.execute_command(
+                "FT.SEARCH", self.schema.index_name, f"@{F_TENANT}:{{{t_tag}}}",
+                "RETURN", 5, F_PROMPT, F_MODEL_NAME, F_KIND, F_CREATED_AT, F_ANSWER,
+                "SORTBY", F_CREATED_AT, "DESC",
+                "LIMIT", 0, int(limit),
+                "DIALECT", 2,
+            )  # fmt: skip
+        except ResponseError as e:
+            if is_missing_index(e):
+                return []
+            raise
+        _, rows = _search_rows(res)
+        pipe = self.client.pipeline(transaction=False)
+        for key, _ in rows:
+            pipe.pttl(key)
+        ttls = await pipe.execute() if rows else []
+        prefix = self.schema.entry_prefix
+        now = time.time()
+        out = []
+        for (key, f), ttl in zip(rows, ttls, strict=True):
+            if F_ANSWER not in f:
+                continue
+            created = float(_s(f.get(F_CREATED_AT, b"0")))
+            out.append(
+                {
+                    "id": key[len(prefix) :],
+                    "model": _s(f.get(F_MODEL_NAME, b"")),
+                    "kind": _s(f.get(F_KIND, b"")),
+                    "prompt": _s(f.get(F_PROMPT, b"")),
+                    "created_at": created,
+                    "age_s": round(max(0.0, now - created), 3),
+                    "expires_in_s": round(int(ttl) / 1000.0, 3) if int(ttl) >= 0 else None,
+                    "answer": json.loads(_s(f[F_ANSWER])),
+                }
+            )
+        return out

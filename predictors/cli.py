@@ -1,0 +1,22 @@
+"""`semserve predictor`: serve a model with vLLM behind KServe v2 (REST + gRPC) and OpenAI routes."""
+
+from __future__ import annotations
+
+import argparse
+
+from predictors.config import PredictorSettings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("predictor", help="run the vLLM predictor (KServe v2 + OpenAI)")
+    PredictorSettings.add_arguments(parser)
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = PredictorSettings.from_namespace(args)
+    # Imported late: vLLM and torch take seconds to import and `--help` should not wait for them.
+    from predictors.server import run
+
+    run(settings)
+    return 0

@@ -1,0 +1,239 @@
+"""vLLM's AsyncLLM behind one small interface every protocol uses: validate, then stream or collect.
+
+All protocols share this one engine, so requests from v2 REST, v2 gRPC and OpenAI join the same
+continuous batch; nothing here serializes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from predictors import metrics
+from predictors.config import PredictorSettings
+from semserve.errors import BadRequest, Unavailable
+from semserve.logs import get_logger
+from semserve.sampling import SamplingOptions
+
+log = get_logger("semserve.predictor.engine")
+
+# Tokenizing megabytes of text blocks the event loop; beyond this length it runs in a thread.
+_THREAD_TOKENIZE_CHARS = 8192
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A prompt checked against the context window, with its token ids."""
+
+    token_ids: list[int]
+    options: SamplingOptions
+
+
+@dataclass
+class Delta:
+    text: str
+    completion_tokens: int
+    finish_reason: str | None
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Generated:
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    prompt_tokens: int
+
+
+def _on_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+class Engine:
+    def __init__(self, settings: PredictorSettings, model_dir: Path) -> None:
+        self.settings = settings
+        self.model_dir = model_dir
+        self.llm: Any = None
+        self.tokenizer: Any = None
+        self.started_at: float | None = None
+        self.max_model_len = settings.max_model_len
+
+    @property
+    def ready(self) -> bool:
+        return self.llm is not None and not self.llm.errored
+
+    async def start(self) -> None:
+        # Engine construction blocks for tens of seconds; in a thread the HTTP server stays up
+        # (liveness passes, readiness says not yet).
+        started = time.monotonic()
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        gpu = _on_gpu()
+        util = self.settings.gpu_memory_utilization or (0.90 if gpu else 0.25)
+        args = AsyncEngineArgs(
+            model=str(self.model_dir),
+            served_model_name=[self.settings.model_name],
+            max_model_len=self.settings.max_model_len,
+            max_num_seqs=self.settings.max_num_seqs,
+            gpu_memory_utilization=util,
+            dtype=self.settings.dtype,
+            tensor_parallel_size=self.settings.tensor_parallel_size,
+            enforce_eager=self.settings.enforce_eager,
+            disable_log_stats=not self.settings.log_stats,
+        )
+        log.info("engine_starting", model=str(self.model_dir), gpu=gpu, memory_utilization=util)
+        self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model_dir))
+        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        self.max_model_len = self.llm.vllm_config.model_config.max_model_len
+        self.started_at = time.time()
+        log.info("engine_ready", seconds=round(time.monotonic() - started, 1))
+
+    def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+
+    async def healthy(self) -> bool:
+        if not self.ready:
+            return False
+        try:
+            await self.llm.check_health()
+            return True
+        except Exception:
+            return False
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # templates raise on roles or orders they don't accept
+            raise BadRequest(f"messages do not fit the model's chat template: {exc}", "messages") from None
+
+    async def prepare(self, prompt: str, options: SamplingOptions, field: str = "prompt") -> Prepared:
+        if not self.ready:
+            raise Unavailable("the engine is not ready yet")
+        if len(prompt) > _THREAD_TOKENIZE_CHARS:
+            ids = await asyncio.to_thread(self._encode, prompt)
+        else:
+            ids = self._encode(prompt)
+        n = len(ids)
+        if n == 0:
+            raise BadRequest(f"{field} is empty after tokenization", field)
+        if n >= self.max_model_len:
+            raise BadRequest(
+                f"{field} has {n} tokens; the model's context is {self.max_model_len} tokens", field
+            )
+        if n + options.max_tokens > self.max_model_len:
+            raise BadRequest(
+                f"max_tokens {options.max_tokens} + {n} prompt tokens exceeds the model's context "
+                f"of {self.max_model_len} tokens",
+                "max_tokens",
+            )
+        return Prepared(ids, options)
+
+    def _encode(self, prompt: str) -> list[int]:
+        # Chat templates already carry the special tokens; plain prompts get none added, as vLLM does.
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+    def _params(self, options: SamplingOptions) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            top_k=options.top_k,
+            seed=options.seed,
+            stop=list(options.stop) or None,
+            ignore_eos=options.ignore_eos,
+            # Deltas even for whole answers: time to first token is measured for every request.
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def stream(self, prepared: Prepared, request_id: str, protocol: str) -> AsyncIterator[Delta]:
+        """Yield text pieces as the engine makes them; cancelling the consumer aborts the request."""
+        if not self.ready:
+            raise Unavailable("the engine is not ready")
+        from vllm.inputs import TokensPrompt
+
+        labels = (self.settings.model_name, protocol)
+        # vLLM needs unique ids; a client's x-request-id may repeat or be shared by a batch.
+        engine_id = f"{request_id or 'req'}-{uuid.uuid4().hex[:12]}"
+        started = time.monotonic()
+        last = started
+        tokens = 0
+        prompt_tokens = len(prepared.token_ids)
+        metrics.IN_FLIGHT.labels(*labels).inc()
+        metrics.PROMPT_TOKENS.labels(*labels).inc(prompt_tokens)
+        outcome = "error"
+        try:
+            generator = self.llm.generate(
+                TokensPrompt(prompt_token_ids=prepared.token_ids),
+                self._params(prepared.options),
+                engine_id,
+            )
+            async for out in generator:
+                piece = out.outputs[0]
+                new_tokens = len(piece.token_ids)
+                now = time.monotonic()
+                if new_tokens:
+                    if tokens == 0:
+                        metrics.TTFT.labels(*labels).observe(now - started)
+                        if new_tokens > 1:
+                            metrics.ITL.labels(*labels).observe((now - started) / new_tokens)
+                    else:
+                        metrics.ITL.labels(*labels).observe((now - last) / new_tokens)
+                    last = now
+                tokens += new_tokens
+                finish = piece.finish_reason if out.finished else None
+                if piece.text or finish:
+                    yield Delta(piece.text, tokens, finish, prompt_tokens)
+            outcome = "ok"
+        except (asyncio.CancelledError, GeneratorExit):
+            # AsyncLLM.generate aborts the engine request on cancellation; we count it.
+            outcome = "aborted"
+            metrics.ABORTED.labels(*labels).inc()
+            log.info("generation_aborted", engine_request_id=engine_id, tokens=tokens)
+            raise
+        finally:
+            metrics.IN_FLIGHT.labels(*labels).dec()
+            metrics.COMPLETION_TOKENS.labels(*labels).inc(tokens)
+            metrics.REQUESTS.labels(*labels, outcome).inc()
+            metrics.REQUEST_LATENCY.labels(*labels).observe(time.monotonic() - started)
+
+    async def generate(self, prepared: Prepared, request_id: str, protocol: str) -> Generated:
+        pieces: list[str] = []
+        final: Delta | None = None
+        async for delta in self.stream(prepared, request_id, protocol):
+            pieces.append(delta.text)
+            final = delta
+        if final is None:
+            raise Unavailable("the engine returned no output")
+        return Generated(
+            "".join(pieces), final.finish_reason or "stop", final.completion_tokens, final.prompt_tokens
+        )
+
+    async def generate_many(
+        self, prepared: list[Prepared], request_id: str, protocol: str
+    ) -> list[Generated]:
+        # A TaskGroup cancels (and so aborts) the siblings if one generation fails.
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(self.generate(p, f"{request_id}-{i}", protocol)) for i, p in
+                     enumerate(prepared)]
+        return [t.result() for t in tasks]

@@ -1,0 +1,40 @@
+"""Predictor metrics beside KServe's request histograms and vLLM's own vllm:* series."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LABELS = ("model", "protocol")
+
+# Buckets span a CPU engine's first token (hundreds of ms) down to a GPU's (ms).
+TTFT = Histogram(
+    "semserve_predictor_time_to_first_token_seconds",
+    "Time from request arrival to its first generated token.",
+    LABELS,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+ITL = Histogram(
+    "semserve_predictor_inter_token_latency_seconds",
+    "Time between consecutive generated tokens of one request.",
+    LABELS,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+)
+REQUEST_LATENCY = Histogram(
+    "semserve_predictor_request_duration_seconds",
+    "Time to generate a whole completion.",
+    LABELS,
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+PROMPT_TOKENS = Counter("semserve_predictor_prompt_tokens_total", "Prompt tokens admitted.", LABELS)
+COMPLETION_TOKENS = Counter(
+    "semserve_predictor_completion_tokens_total", "Tokens generated.", LABELS
+)
+REQUESTS = Counter(
+    "semserve_predictor_generations_total", "Generations by outcome.", (*LABELS, "outcome")
+)
+IN_FLIGHT = Gauge("semserve_predictor_requests_in_flight", "Generations running now.", LABELS)
+ABORTED = Counter(
+    "semserve_predictor_requests_aborted_total",
+    "Generations aborted because the client went away (the engine stops working on them).",
+    LABELS,
+)

@@ -1,0 +1,142 @@
+"""OpenAI completions and chat over the shared engine (the routes themselves live in semserve/)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from predictors.config import PredictorSettings
+from predictors.engine import Delta, Engine, Prepared
+from semserve import openai_protocol as oa
+from semserve.errors import BadRequest, NotFound
+from semserve.openai_routes import RequestContext
+
+PROTOCOL = "openai"
+
+
+class PredictorOpenAI:
+    def __init__(self, settings: PredictorSettings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.name = settings.model_name
+
+    def models(self) -> list[oa.OpenAIModelCard]:
+        return [oa.model_card(self.name, int(self.engine.started_at or 0))]
+
+    def _check_model(self, model: str) -> None:
+        if model != self.name:
+            raise NotFound(f"model {model!r} not found; this server serves {self.name!r}", "model")
+
+    async def completions(
+        self, req: oa.CompletionRequest, ctx: RequestContext
+    ) -> oa.Completion | AsyncIterator[oa.Completion]:
+        self._check_model(req.model)
+        options = req.sampling(self.settings.default_max_tokens)
+        prompts = req.prompts
+        if len(prompts) > self.settings.max_batch_size:
+            raise BadRequest(f"at most {self.settings.max_batch_size} prompts per request", "prompt")
+        prepared = [await self.engine.prepare(p, options) for p in prompts]
+        rid, created = oa.new_id("cmpl"), oa.now()
+        if req.stream:
+            return self._stream_completion(prepared, rid, created, ctx, req.include_usage)
+        results = await self.engine.generate_many(prepared, ctx.request_id, PROTOCOL)
+        return oa.completion(
+            rid,
+            self.name,
+            created,
+            [r.text for r in results],
+            [r.finish_reason for r in results],
+            sum(r.prompt_tokens for r in results),
+            sum(r.completion_tokens for r in results),
+        )
+
+    async def _stream_completion(
+        self,
+        prepared: list[Prepared],
+        rid: str,
+        created: int,
+        ctx: RequestContext,
+        include_usage: bool,
+    ) -> AsyncIterator[oa.Completion]:
+        totals = {"prompt": sum(len(p.token_ids) for p in prepared), "completion": [0] * len(prepared)}
+        async for index, delta in _merge(
+            [self.engine.stream(p, f"{ctx.request_id}-{i}", PROTOCOL) for i, p in enumerate(prepared)]
+        ):
+            totals["completion"][index] = delta.completion_tokens
+            yield oa.completion_chunk(rid, self.name, created, index, delta.text, delta.finish_reason)
+        if include_usage:
+            yield oa.completion_usage_chunk(
+                rid, self.name, created, totals["prompt"], sum(totals["completion"])
+            )
+
+    async def chat_completions(
+        self, req: oa.ChatCompletionRequest, ctx: RequestContext
+    ) -> oa.ChatCompletion | AsyncIterator[oa.ChatCompletionChunk]:
+        self._check_model(req.model)
+        options = req.sampling(self.settings.default_max_tokens)
+        prompt = self.engine.render_chat(req.plain_messages())
+        prepared = await self.engine.prepare(prompt, options, field="messages")
+        rid, created = oa.new_id("chatcmpl"), oa.now()
+        if req.stream:
+            return self._stream_chat(prepared, rid, created, ctx, req.include_usage)
+        result = await self.engine.generate(prepared, ctx.request_id, PROTOCOL)
+        return oa.chat_completion(
+            rid,
+            self.name,
+            created,
+            result.text,
+            result.finish_reason,
+            result.prompt_tokens,
+            result.completion_tokens,
+        )
+
+    async def _stream_chat(
+        self, prepared: Prepared, rid: str, created: int, ctx: RequestContext, include_usage: bool
+    ) -> AsyncIterator[oa.ChatCompletionChunk]:
+        # OpenAI sends the role first, in a chunk of its own with empty content.
+        yield oa.chat_chunk(rid, self.name, created, "", role=True)
+        completion_tokens = 0
+        async for delta in self.engine.stream(prepared, ctx.request_id, PROTOCOL):
+            completion_tokens = delta.completion_tokens
+            if delta.text:
+                yield oa.chat_chunk(rid, self.name, created, delta.text)
+            if delta.finish_reason:
+                yield oa.chat_chunk(rid, self.name, created, None, finish_reason=delta.finish_reason)
+        if include_usage:
+            yield oa.chat_usage_chunk(
+                rid, self.name, created, len(prepared.token_ids), completion_tokens
+            )
+
+
+async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+    """Interleave several generations as their pieces arrive; closing it cancels them all."""
+    if len(streams) == 1:
+        async for delta in streams[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[Delta]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((index, delta))
+            await queue.put((index, None))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            await queue.put((index, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()

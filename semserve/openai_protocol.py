@@ -1,0 +1,321 @@
+"""OpenAI wire format shared by both services: request models, and builders for the `openai`
+package's own pydantic response types (so what we send is exactly what its client parses).
+
+The `openai` package ships request *TypedDicts* only; validating those with pydantic yields lazy
+iterators and unreadable errors, so requests get small pydantic models here, with the field names
+and meanings of the OpenAI API (plus vLLM's `top_k` and `ignore_eos` extensions).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from openai.types import Completion, CompletionChoice, CompletionUsage
+from openai.types import Model as OpenAIModelCard
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from semserve.errors import BadRequest
+from semserve.sampling import SamplingOptions, parse_sampling
+
+__all__ = [
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "Completion",
+    "CompletionRequest",
+    "OpenAIModelCard",
+]
+
+FinishReason = Literal["stop", "length"]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    # Unknown fields are accepted and ignored, as OpenAI-compatible servers do; fields we know but
+    # cannot honour are rejected in `unsupported()` so nothing is silently dropped.
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: Any = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    def unsupported(self) -> None:
+        if self.n != 1:
+            raise BadRequest("n must be 1 (one choice per prompt)", "n")
+        if self.presence_penalty not in (None, 0, 0.0):
+            raise BadRequest("presence_penalty is not supported", "presence_penalty")
+        if self.frequency_penalty not in (None, 0, 0.0):
+            raise BadRequest("frequency_penalty is not supported", "frequency_penalty")
+        if self.logprobs not in (None, False, 0):
+            raise BadRequest("logprobs is not supported", "logprobs")
+        if self.logit_bias:
+            raise BadRequest("logit_bias is not supported", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
+
+    def sampling(self, default_max_tokens: int) -> SamplingOptions:
+        params = {
+            "max_tokens": self.effective_max_tokens()
+            if self.effective_max_tokens() is not None
+            else default_max_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "stop": self.stop,
+            "ignore_eos": self.ignore_eos,
+        }
+        return parse_sampling(params)
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | list[str]) -> str | list[str]:
+        prompts = [v] if isinstance(v, str) else v
+        if not prompts:
+            raise ValueError("prompt must not be an empty list")
+        for p in prompts:
+            if not p.strip():
+                raise ValueError("prompt must not be empty")
+            if "\x00" in p:
+                raise ValueError("prompt contains a NUL character")
+        return v
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.echo:
+            raise BadRequest("echo is not supported", "echo")
+        if self.suffix:
+            raise BadRequest("suffix is not supported", "suffix")
+        if self.best_of not in (None, 1):
+            raise BadRequest("best_of must be 1", "best_of")
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.tools:
+            raise BadRequest("tools are not supported by this model server", "tools")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise BadRequest("only response_format type 'text' is supported", "response_format")
+        for i, m in enumerate(self.messages):
+            if "\x00" in m.text:
+                raise BadRequest(f"messages[{i}].content contains a NUL character", "messages")
+        if self.messages[-1].role == "assistant":
+            raise BadRequest("the last message must not be from the assistant", "messages")
+
+    def plain_messages(self) -> list[dict[str, str]]:
+        # Chat templates expect "system"; "developer" is OpenAI's newer name for the same role.
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+            for m in self.messages
+        ]
+
+
+def validation_error(exc: ValidationError) -> BadRequest:
+    """The first pydantic error, as one sentence naming the field."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()) if not isinstance(p, str) or p not in ("str",))
+    field_name = str(err["loc"][0]) if err.get("loc") else None
+    msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+    return BadRequest(f"{loc}: {msg}" if loc else msg, field_name)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
+    return CompletionUsage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+def completion(
+    rid: str,
+    model: str,
+    created: int,
+    texts: list[str],
+    finish_reasons: list[str],
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> Completion:
+    return Completion(
+        id=rid,
+        object="text_completion",
+        created=created,
+        model=model,
+        choices=[
+            CompletionChoice(index=i, text=t, finish_reason=_finish(f), logprobs=None)
+            for i, (t, f) in enumerate(zip(texts, finish_reasons, strict=True))
+        ],
+        usage=usage(prompt_tokens, completion_tokens),
+    )
+
+
+def completion_chunk(
+    rid: str, model: str, created: int, index: int, text: str, finish_reason: str | None
+) -> Completion:
+    # Streaming completions reuse the Completion type; finish_reason is null until the last piece,
+    # which the pydantic type allows only through model_construct.
+    choice = CompletionChoice.model_construct(
+        index=index, text=text, finish_reason=_finish(finish_reason) if finish_reason else None,
+        logprobs=None,
+    )
+    return Completion.model_construct(
+        id=rid, object="text_completion", created=created, model=model, choices=[choice], usage=None
+    )
+
+
+def completion_usage_chunk(
+    rid: str, model: str, created: int, prompt_tokens: int, completion_tokens: int
+) -> Completion:
+    return Completion.model_construct(
+        id=rid, object="text_completion", created=created, model=model, choices=[],
+        usage=usage(prompt_tokens, completion_tokens),
+    )
+
+
+def chat_completion(
+    rid: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int,
+    completion_tokens: int,
+) -> ChatCompletion:
+    return ChatCompletion(
+        id=rid,
+        object="chat.completion",
+        created=created,
+        model=model,
+        choices=[
+            ChatChoice(
+                index=0,
+                message=ChatCompletionMessage(role="assistant", content=text),
+                finish_reason=_finish(finish_reason),
+                logprobs=None,
+            )
+        ],
+        usage=usage(prompt_tokens, completion_tokens),
+    )
+
+
+def chat_chunk(
+    rid: str,
+    model: str,
+    created: int,
+    content: str | None,
+    finish_reason: str | None = None,
+    role: bool = False,
+) -> ChatCompletionChunk:
+    delta = ChoiceDelta(role="assistant" if role else None, content=content)
+    return ChatCompletionChunk(
+        id=rid,
+        object="chat.completion.chunk",
+        created=created,
+        model=model,
+        choices=[
+            ChunkChoice(
+                index=0, delta=delta, finish_reason=_finish(finish_reason) if finish_reason else None
+            )
+        ],
+    )
+
+
+def chat_usage_chunk(
+    rid: str, model: str, created: int, prompt_tokens: int, completion_tokens: int
+) -> ChatCompletionChunk:
+    return ChatCompletionChunk(
+        id=rid,
+        object="chat.completion.chunk",
+        created=created,
+        model=model,
+        choices=[],
+        usage=usage(prompt_tokens, completion_tokens),
+    )
+
+
+def model_card(name: str, created: int, owned_by: str = "semserve") -> OpenAIModelCard:
+    return OpenAIModelCard(id=name, object="model", created=created, owned_by=owned_by)
+
+
+def _finish(reason: str | None) -> Any:
+    # vLLM reports "abort" for cancelled requests; those never reach a client as a success.
+    return reason if reason in ("stop", "length") else "stop"
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,0 +1,139 @@
+"""OpenAI-compatible HTTP routes added to a KServe app, over a backend each service provides.
+
+The routes own the wire: JSON parsing, validation into request models, error bodies, SSE framing
+(`data: {...}` per chunk, then `data: [DONE]`). The backend owns what an answer is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from semserve.errors import BadRequest, NotFound, ServingError
+from semserve.logs import get_logger, request_id_var
+from semserve.openai_protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    OpenAIModelCard,
+    error_body,
+    validation_error,
+)
+
+log = get_logger("semserve.openai")
+
+ROUTE_PREFIX = "/openai"
+
+
+@dataclass
+class RequestContext:
+    request_id: str
+    headers: dict[str, str]
+    # Headers the backend wants on the response (e.g. the transformer's x-semserve-cache).
+    response_headers: dict[str, str] = field(default_factory=dict)
+
+
+class OpenAIBackend(Protocol):
+    def models(self) -> list[OpenAIModelCard]: ...
+
+    async def completions(
+        self, req: CompletionRequest, ctx: RequestContext
+    ) -> Completion | AsyncIterator[Completion]: ...
+
+    async def chat_completions(
+        self, req: ChatCompletionRequest, ctx: RequestContext
+    ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]: ...
+
+
+def error_response(exc: ServingError) -> JSONResponse:
+    return JSONResponse(
+        status_code=exc.http_status,
+        content=error_body(exc.message, exc.openai_type, exc.field),
+    )
+
+
+def _dump(obj: BaseModel) -> str:
+    return obj.model_dump_json(exclude_unset=True)
+
+
+async def _sse(stream: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in stream:
+            yield f"data: {_dump(chunk)}\n\n".encode()
+    except ServingError as exc:
+        # Headers are gone once streaming started: the error travels as a final event.
+        yield f"data: {json.dumps(error_body(exc.message, exc.openai_type, exc.field))}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+async def _parse(request: Request, model_cls: type[BaseModel]) -> Any:
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = ROUTE_PREFIX) -> None:
+    def context(request: Request) -> RequestContext:
+        rid = request_id_var.get() or request.headers.get("x-request-id") or ""
+        return RequestContext(request_id=rid, headers=dict(request.headers))
+
+    def respond(result: Any, ctx: RequestContext) -> Response:
+        if isinstance(result, BaseModel):
+            return Response(_dump(result), media_type="application/json", headers=ctx.response_headers)
+        return StreamingResponse(
+            _sse(result),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", **ctx.response_headers},
+        )
+
+    async def list_models() -> Response:
+        cards = backend.models()
+        body = {"object": "list", "data": [c.model_dump() for c in cards]}
+        return JSONResponse(body)
+
+    async def get_model(model_name: str) -> Response:
+        for card in backend.models():
+            if card.id == model_name:
+                return JSONResponse(card.model_dump())
+        return error_response(NotFound(f"model {model_name!r} not found", "model"))
+
+    async def completions(request: Request) -> Response:
+        try:
+            req = await _parse(request, CompletionRequest)
+            req.unsupported()
+            ctx = context(request)
+            return respond(await backend.completions(req, ctx), ctx)
+        except ServingError as exc:
+            return error_response(exc)
+
+    async def chat_completions(request: Request) -> Response:
+        try:
+            req = await _parse(request, ChatCompletionRequest)
+            req.unsupported()
+            ctx = context(request)
+            return respond(await backend.chat_completions(req, ctx), ctx)
+        except ServingError as exc:
+            return error_response(exc)
+
+    app.add_api_route(f"{prefix}/v1/models", list_models, methods=["GET"], tags=["openai"])
+    app.add_api_route(f"{prefix}/v1/models/{{model_name}}", get_model, methods=["GET"], tags=["openai"])
+    app.add_api_route(f"{prefix}/v1/completions", completions, methods=["POST"], tags=["openai"])
+    app.add_api_route(
+        f"{prefix}/v1/chat/completions", chat_completions, methods=["POST"], tags=["openai"]
+    )

@@ -1,0 +1,104 @@
+"""Sampling options every protocol maps onto, validated once with errors that name the field."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from semserve.errors import BadRequest
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    max_tokens: int = 128
+    temperature: float = 1.0  # the OpenAI and vLLM default; caching needs an explicit 0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stop"] = list(self.stop)
+        return d
+
+
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    # bool is an int subclass in Python; `"temperature": true` is a client bug, not 1.0.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, str):
+            try:
+                value = kind(value)
+            except ValueError:
+                raise BadRequest(f"{name} must be a number, got {value!r}", name) from None
+        else:
+            raise BadRequest(f"{name} must be a number, got {type(value).__name__}", name)
+    if kind is int:
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise BadRequest(f"{name} must be an integer, got {value}", name)
+            value = int(value)
+        return value
+    value = float(value)
+    if not math.isfinite(value):
+        raise BadRequest(f"{name} must be finite", name)
+    return value
+
+
+def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = None) -> SamplingOptions:
+    """Validate a dict of sampling parameters (unknown keys are ignored by the caller's choice)."""
+    base = defaults or SamplingOptions()
+    values = base.to_dict()
+    for key in SAMPLING_KEYS:
+        if key not in params or params[key] is None:
+            continue
+        raw = params[key]
+        if key in ("max_tokens", "top_k", "seed"):
+            values[key] = _number(key, raw, int)
+        elif key in ("temperature", "top_p"):
+            values[key] = _number(key, raw, float)
+        elif key == "ignore_eos":
+            if isinstance(raw, str) and raw.lower() in ("true", "false"):
+                raw = raw.lower() == "true"
+            if not isinstance(raw, bool):
+                raise BadRequest("ignore_eos must be a boolean", key)
+            values[key] = raw
+        elif key == "stop":
+            if isinstance(raw, str):
+                raw = [raw]
+            if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
+                raise BadRequest("stop must be a string or a list of strings", key)
+            if len(raw) > 16:
+                raise BadRequest("stop may hold at most 16 strings", key)
+            if any(s == "" for s in raw):
+                raise BadRequest("stop strings must not be empty", key)
+            values[key] = raw
+    opts = SamplingOptions(
+        max_tokens=values["max_tokens"],
+        temperature=values["temperature"],
+        top_p=values["top_p"],
+        top_k=values["top_k"],
+        seed=values["seed"],
+        stop=tuple(values["stop"]),
+        ignore_eos=values["ignore_eos"],
+    )
+    check(opts)
+    return opts
+
+
+def check(opts: SamplingOptions) -> None:
+    if opts.max_tokens <= 0:
+        raise BadRequest(f"max_tokens must be > 0, got {opts.max_tokens}", "max_tokens")
+    if opts.temperature < 0:
+        raise BadRequest(f"temperature must be >= 0, got {opts.temperature}", "temperature")
+    if not 0 < opts.top_p <= 1:
+        raise BadRequest(f"top_p must be in (0, 1], got {opts.top_p}", "top_p")
+    if opts.top_k == 0 or opts.top_k < -1:
+        raise BadRequest(f"top_k must be -1 (off) or >= 1, got {opts.top_k}", "top_k")
+    if opts.seed is not None and not 0 <= opts.seed < 2**63:
+        raise BadRequest("seed must be a non-negative 64-bit integer", "seed")

@@ -1,0 +1,439 @@
+"""Serving runtime both services share: a kserve.ModelServer that binds a chosen address, guards
+every HTTP and gRPC request (request id, body limit, disconnect -> cancel, drain), and shuts down
+gracefully on SIGTERM, since Knative scales pods down while they serve.
+
+SIGTERM: readiness turns false and new requests get 503 at once; requests in flight finish (up to
+the grace period); then both servers stop, engines are shut down and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Generator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import kserve
+import uvicorn
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from grpc import aio
+from kserve.errors import InferenceError
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
+from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.rest.server import RESTServer
+
+from semserve.logs import get_logger, request_id_var
+
+log = get_logger("semserve.serving")
+
+# Probes and scrapes are never refused or counted as work, or a draining pod could not report it.
+EXEMPT_PATHS = ("/v2/health/live", "/v2/health/ready", "/metrics", "/")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class ServingState:
+    """Drain flag and in-flight count shared by the HTTP and gRPC guards."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, limit_s: float) -> bool:
+        try:
+            async with asyncio.timeout(limit_s):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            return False
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any], rid: str) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"x-request-id", rid.encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+class HttpGuard:
+    """Pure ASGI middleware around the whole app.
+
+    It reads the body up front (so the size limit holds before any parsing), then watches the
+    connection: a client that goes away cancels its handler, which aborts the vLLM request.
+    """
+
+    def __init__(self, app: Any, state: ServingState, max_body_bytes: int) -> None:
+        self.app = app
+        self.state = state
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        rid = headers.get("x-request-id") or uuid.uuid4().hex
+        token = request_id_var.set(rid)
+        path = scope["path"]
+        exempt = path in EXEMPT_PATHS
+        started = time.monotonic()
+        status_holder = {"status": 0}
+        try:
+            if self.state.draining and not exempt:
+                status_holder["status"] = 503
+                await _send_json(send, 503, {"error": "server is shutting down"}, rid)
+                return
+            declared = headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+                status_holder["status"] = 413
+                await _send_json(send, 413, _too_large(self.max_body_bytes), rid)
+                return
+            body, disconnected = await self._read_body(receive)
+            if disconnected:
+                return
+            if body is None:
+                status_holder["status"] = 413
+                await _send_json(send, 413, _too_large(self.max_body_bytes), rid)
+                return
+            if not exempt:
+                self.state.enter()
+            try:
+                await self._run(scope, receive, send, body, rid, status_holder)
+            finally:
+                if not exempt:
+                    self.state.leave()
+        finally:
+            if not exempt:
+                log.info(
+                    "http_request",
+                    method=scope.get("method"),
+                    path=path,
+                    status=status_holder["status"],
+                    duration_ms=round((time.monotonic() - started) * 1000, 2),
+                )
+            request_id_var.reset(token)
+
+    async def _read_body(self, receive: Receive) -> tuple[bytes | None, bool]:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None, True
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None, False
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), False
+
+    async def _run(
+        self, scope: Scope, receive: Receive, send: Send, body: bytes, rid: str, status: dict[str, int]
+    ) -> None:
+        disconnected = asyncio.Event()
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
+
+        async def send_with_id(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status["status"] = message["status"]
+                message = dict(message)
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+            await send(message)
+
+        app_task = asyncio.ensure_future(self.app(scope, replay, send_with_id))
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected.set()
+                    if not app_task.done():
+                        log.info("client_disconnected", path=scope["path"])
+                        app_task.cancel()
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await app_task
+        except asyncio.CancelledError:
+            if not disconnected.is_set():
+                raise
+            status["status"] = 499  # nginx's "client closed request": nobody is left to answer
+        finally:
+            watcher.cancel()
+
+
+def _too_large(limit: int) -> dict[str, str]:
+    return {"error": f"request body is larger than the limit of {limit} bytes"}
+
+
+class GrpcGuard(aio.ServerInterceptor):
+    """Drain refusal, in-flight count and request id for unary gRPC calls."""
+
+    def __init__(self, state: ServingState) -> None:
+        self.state = state
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = details.method
+        guarded = not method.endswith(("/ServerLive", "/ServerReady"))
+        inner = handler.unary_unary
+        metadata = dict(details.invocation_metadata or ())
+        rid = str(metadata.get("x-request-id") or uuid.uuid4().hex)
+
+        async def call(request: Any, context: aio.ServicerContext) -> Any:
+            token = request_id_var.set(rid)
+            started = time.monotonic()
+            code = "OK"
+            try:
+                if guarded and self.state.draining:
+                    code = "UNAVAILABLE"
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+                if guarded:
+                    self.state.enter()
+                try:
+                    return await inner(request, context)
+                except asyncio.CancelledError:
+                    code = "CANCELLED"
+                    raise
+                except Exception:
+                    code = "ERROR"
+                    raise
+                finally:
+                    if guarded:
+                        self.state.leave()
+            finally:
+                if guarded:
+                    log.info(
+                        "grpc_request",
+                        method=method,
+                        code=code,
+                        duration_ms=round((time.monotonic() - started) * 1000, 2),
+                    )
+                request_id_var.reset(token)
+
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class _ReadinessDataPlane(DataPlane):
+    """KServe's server readiness is always true; ours is false while draining or loading."""
+
+    def __init__(self, state: ServingState, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._state = state
+
+    async def ready(self) -> bool:
+        if self._state.draining:
+            return False
+        for model in self._model_registry.get_models().values():
+            if not await model.healthy():
+                return False
+        return await super().ready()
+
+
+class _QuietServer(uvicorn.Server):
+    # Signals are ours: uvicorn's handler would stop accepting before readiness turned false.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+async def _validation_error(_: Any, exc: RequestValidationError) -> JSONResponse:
+    # FastAPI answers 422 by default; a malformed v2 body is a plain 400 naming the field.
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = first.get("msg", "invalid request")
+    return JSONResponse(status_code=400, content={"error": f"{loc}: {message}" if loc else message})
+
+
+async def _client_tensor_error(_: Any, exc: InferenceError) -> JSONResponse:
+    return JSONResponse(status_code=400, content={"error": str(exc)})
+
+
+class SemserveModelServer(kserve.ModelServer):
+    """kserve.ModelServer with our bind address, guards and graceful drain."""
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        http_port: int,
+        grpc_port: int,
+        grace_period: float,
+        max_body_bytes: int,
+        setup_app: Callable[[FastAPI], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            http_port=http_port,
+            grpc_port=grpc_port or 8081,
+            enable_grpc=grpc_port > 0,
+            grace_period=int(grace_period),
+            enable_latency_logging=False,
+            **kwargs,
+        )
+        self.state = ServingState()
+        self.dataplane = _ReadinessDataPlane(self.state, model_registry=self.registered_models)
+        self.host = host
+        self.grace = grace_period
+        self.max_body_bytes = max_body_bytes
+        self.setup_app = setup_app
+        self._uvicorn: _QuietServer | None = None
+        self._grpc: aio.Server | None = None
+        self._stopped = asyncio.Event()
+        self._models: list[kserve.Model] = []
+        self._drain_task: asyncio.Future[None] | None = None
+
+    def start(self, models: list[Any]) -> None:  # type: ignore[override]
+        asyncio.run(self.serve(models))
+
+    async def serve(self, models: list[Any]) -> None:
+        self._models = models
+        self._register_and_check_atleast_one_model_is_ready(models)
+        app = self._build_app()
+        config = uvicorn.Config(
+            app,
+            host=self.host,
+            port=self.http_port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=max(1, int(self.grace)),
+            timeout_keep_alive=self.timeout_keep_alive,
+            loop="asyncio",
+        )
+        self._uvicorn = _QuietServer(config)
+        tasks = [asyncio.ensure_future(self._uvicorn.serve())]
+        if self.enable_grpc:
+            tasks.append(asyncio.ensure_future(self._serve_grpc()))
+        tasks.extend(asyncio.ensure_future(s) for s in self.servers)  # engine start coroutines
+        self.setup_event_loop()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        log.info(
+            "server_starting",
+            host=self.host,
+            http_port=self.http_port,
+            grpc_port=self.grpc_port if self.enable_grpc else None,
+        )
+        try:
+            # A server that dies on its own (port taken, engine failure) ends the process.
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            self._stop_models()
+
+    def _build_app(self) -> Any:
+        rest = RESTServer(
+            "kserve.model_server:app",
+            self.dataplane,
+            self.model_repository_extension,
+            self.http_port,
+            grace_period=int(self.grace),
+        )
+        app: FastAPI = kserve.model_server.app
+        if self.setup_app is not None:
+            # Before KServe's routes, so ours win where a path is shared.
+            self.setup_app(app)
+        rest.create_application()
+        app.add_exception_handler(RequestValidationError, _validation_error)
+        # KServe raises InferenceError (a 500) while decoding tensors a client sent wrongly,
+        # e.g. non-UTF-8 bytes in a JSON-encoded BYTES tensor; our models never raise it.
+        app.add_exception_handler(InferenceError, _client_tensor_error)
+        return HttpGuard(app, self.state, self.max_body_bytes)
+
+    async def _serve_grpc(self) -> None:
+        server = aio.server(
+            futures.ThreadPoolExecutor(max_workers=self.max_threads),
+            interceptors=(GrpcGuard(self.state), ExceptionToStatusInterceptor()),
+            options=[
+                ("grpc.max_send_message_length", self.max_body_bytes),
+                ("grpc.max_receive_message_length", self.max_body_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(self.dataplane, self.model_repository_extension), server
+        )
+        address = f"{self.host}:{self.grpc_port}"
+        if server.add_insecure_port(address) == 0:
+            raise OSError(f"cannot bind gRPC to {address} (port in use?)")
+        self._grpc = server
+        await server.start()
+        await server.wait_for_termination()
+
+    def _on_signal(self, sig: int) -> None:
+        if self.state.draining:
+            return
+        log.info("shutdown_signal", signal=signal.Signals(sig).name, in_flight=self.state.in_flight)
+        self.state.draining = True
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        finished = await self.state.wait_idle(self.grace)
+        log.info("drained", clean=finished, in_flight=self.state.in_flight)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1)
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+
+    def _stop_models(self) -> None:
+        for model in self._models:
+            with contextlib.suppress(Exception):
+                model.stop()

@@ -1,0 +1,601 @@
+"""Autoscaling settings from a rendered InferenceService, as KServe and Knative would resolve them.
+
+KServe maps component fields onto Knative annotations (`SetAutoScalingAnnotations`): `minReplicas` ->
+min-scale (1 when absent), `maxReplicas` -> max-scale (omitted when 0), `scaleTarget` -> target,
+`scaleMetric` -> metric; `containerConcurrency` and `timeout` go onto the Revision. Knative then fills
+what is still absent from `config-autoscaler` (`pkg/autoscaler/config/config.go` defaults), and resolves
+the decider's target as `ResolveMetricTarget` does. Bounds are those of Knative's annotation validation;
+a bad value raises ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from serverless.kpa import DeciderSpec, ScalerConfig
+from serverless.metrics import panic_window_seconds
+
+KN = "autoscaling.knative.dev/"
+KPA_CLASS = "kpa.autoscaling.knative.dev"
+TARGET_MIN = 0.01
+WINDOW_MIN_S, WINDOW_MAX_S = 6.0, 3600.0
+
+# config-autoscaler defaults (Knative `defaultConfig()`), by configmap key.
+CLUSTER_DEFAULTS: dict[str, str] = {
+    "enable-scale-to-zero": "true",
+    "allow-zero-initial-scale": "false",
+    "container-concurrency-target-percentage": "70",
+    "container-concurrency-target-default": "100",
+    "requests-per-second-target-default": "200",
+    "target-burst-capacity": "211",
+    "panic-window-percentage": "10",
+    "panic-threshold-percentage": "200",
+    "max-scale-up-rate": "1000",
+    "max-scale-down-rate": "2",
+    "activator-capacity": "100",
+    "stable-window": "60s",
+    "scale-to-zero-grace-period": "30s",
+    "scale-to-zero-pod-retention-period": "0s",
+    "scale-down-delay": "0s",
+    "initial-scale": "1",
+    "min-scale": "0",
+    "max-scale": "0",
+}
+REVISION_TIMEOUT_DEFAULT_S = 300.0  # config-defaults revision-timeout-seconds
+PROGRESS_DEADLINE_DEFAULT_S = 600.0  # config-deployment progress-deadline
+ACTIVATOR_QUEUE_DEPTH = 10000  # activator breakerQueueDepth
+KSERVE_DEFAULT_MIN_REPLICAS = 1
+
+# Knative still accepts the older camelCase keys (kmap.KeyPriority); the kebab-case one wins.
+_LEGACY_KEYS = {
+    "min-scale": "minScale",
+    "max-scale": "maxScale",
+    "initial-scale": "initialScale",
+    "scale-down-delay": "scaleDownDelay",
+    "target-utilization-percentage": "targetUtilizationPercentage",
+    "target-burst-capacity": "targetBurstCapacity",
+    "panic-window-percentage": "panicWindowPercentage",
+    "panic-threshold-percentage": "panicThresholdPercentage",
+    "activation-scale": "activationScale",
+    "scale-to-zero-pod-retention-period": "scaleToZeroPodRetentionPeriod",
+}
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str | int | float, name: str) -> float:
+    """A Go duration ("90s", "1m30s", "500ms") in seconds; a bare number is taken as seconds."""
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    for m in _DURATION_RE.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"{name}: {value!r} is not a duration (e.g. 60s, 1m30s)")
+    return total
+
+
+def _float(value: Any, name: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: {value!r} is not a number") from None
+
+
+def _int(value: Any, name: str) -> int:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: {value!r} is not an integer") from None
+    if f != int(f):
+        raise ValueError(f"{name}: {value!r} is not an integer")
+    return int(f)
+
+
+def _bool(value: Any, name: str) -> bool:
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"{name}: {value!r} is not a boolean")
+
+
+@dataclass
+class SimSettings:
+    """Everything the simulation needs from a deployment, with the source of each value in `sources`."""
+
+    name: str = "isvc"
+    component: str = "predictor"
+    metric: str = "concurrency"
+    aggregation_algorithm: str = "linear"
+    min_scale: int = KSERVE_DEFAULT_MIN_REPLICAS
+    max_scale: int = 0
+    initial_scale: int = 1
+    activation_scale: int = 0
+    container_concurrency: int = 0
+    target: float = 100.0  # per-pod `total` before utilization
+    target_utilization: float = 0.7
+    target_value: float = 70.0
+    total_value: float = 100.0
+    stable_window: float = 60.0
+    panic_window_percentage: float = 10.0
+    panic_window: float = 6.0
+    panic_threshold_percentage: float = 200.0
+    target_burst_capacity: float = 211.0
+    max_scale_up_rate: float = 1000.0
+    max_scale_down_rate: float = 2.0
+    scale_down_delay: float = 0.0
+    scale_to_zero_grace_period: float = 30.0
+    scale_to_zero_pod_retention_period: float = 0.0
+    enable_scale_to_zero: bool = True
+    activator_capacity: float = 100.0
+    activator_queue_depth: int = ACTIVATOR_QUEUE_DEPTH
+    timeout_s: float = REVISION_TIMEOUT_DEFAULT_S
+    progress_deadline_s: float = PROGRESS_DEADLINE_DEFAULT_S
+    gpus_per_pod: float = 1.0
+    sources: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def decider_spec(self) -> DeciderSpec:
+        return DeciderSpec(
+            target_value=self.target_value,
+            total_value=self.total_value,
+            target_burst_capacity=self.target_burst_capacity,
+            panic_threshold=self.panic_threshold_percentage / 100.0,
+            max_scale_up_rate=self.max_scale_up_rate,
+            max_scale_down_rate=self.max_scale_down_rate,
+            activation_scale=self.activation_scale,
+            stable_window=self.stable_window,
+            scale_down_delay=self.scale_down_delay,
+            reachable=True,
+            initial_scale=self.initial_scale,
+            activator_capacity=self.activator_capacity,
+            scaling_metric=self.metric,
+        )
+
+    def scaler_config(self) -> ScalerConfig:
+        return ScalerConfig(
+            min_scale=self.min_scale,
+            max_scale=self.max_scale,
+            initial_scale=self.initial_scale,
+            enable_scale_to_zero=self.enable_scale_to_zero,
+            scale_to_zero_grace_period=self.scale_to_zero_grace_period,
+            scale_to_zero_pod_retention_period=self.scale_to_zero_pod_retention_period,
+            stable_window=self.stable_window,
+            target_burst_capacity=self.target_burst_capacity,
+            progress_deadline=self.progress_deadline_s,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _component_annotations(isvc: dict[str, Any], component: str) -> tuple[dict[str, str], dict[str, Any]]:
+    meta = isvc.get("metadata") or {}
+    spec = (isvc.get("spec") or {}).get(component)
+    if spec is None:
+        raise ValueError(f"spec.{component}: the InferenceService has no {component}")
+    anns: dict[str, str] = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    # Component annotations go onto the revision after the ISVC's, so they win.
+    anns.update({str(k): str(v) for k, v in (spec.get("annotations") or {}).items()})
+    return anns, spec
+
+
+def _get(anns: dict[str, str], key: str) -> tuple[str, str] | None:
+    if KN + key in anns:
+        return KN + key, anns[KN + key]
+    legacy = _LEGACY_KEYS.get(key)
+    if legacy and KN + legacy in anns:
+        return KN + legacy, anns[KN + legacy]
+    return None
+
+
+def _gpus(spec: dict[str, Any]) -> float:
+    containers = [spec.get("model") or {}, *(spec.get("containers") or [])]
+    for c in containers:
+        res = c.get("resources") or {}
+        for part in ("limits", "requests"):
+            gpu = (res.get(part) or {}).get("nvidia.com/gpu")
+            if gpu is not None:
+                return _float(gpu, f"resources.{part}.nvidia.com/gpu")
+    return 1.0  # a pod holds one accelerator unless the manifest says otherwise
+
+
+def settings_from_inferenceservice(
+    isvc: dict[str, Any],
+    component: str = "predictor",
+    cluster_config: dict[str, str] | None = None,
+) -> SimSettings:
+    """Resolve one component's autoscaling as KServe + Knative would deploy it."""
+    if isvc.get("kind", "InferenceService") != "InferenceService":
+        raise ValueError(f"kind: expected InferenceService, got {isvc.get('kind')!r}")
+    anns, spec = _component_annotations(isvc, component)
+    cfg = dict(CLUSTER_DEFAULTS)
+    cfg.update({k: str(v) for k, v in (cluster_config or {}).items()})
+    s = SimSettings(name=str((isvc.get("metadata") or {}).get("name", "isvc")), component=component)
+    src = s.sources
+
+    def cluster(key: str) -> str:
+        src_key = "config-autoscaler" if cluster_config and key in cluster_config else "knative default"
+        src[key] = src_key
+        return cfg[key]
+
+    mode = anns.get("serving.kserve.io/deploymentMode", "Knative")
+    if mode not in ("Knative", "Serverless"):
+        raise ValueError(
+            f"serving.kserve.io/deploymentMode: {mode!r} is not Knative; only KPA-scaled (Knative mode) "
+            "InferenceServices can be simulated"
+        )
+    as_class = anns.get("serving.kserve.io/autoscalerClass")
+    if as_class not in (None, "", "kpa.autoscaling.knative.dev"):
+        raise ValueError(f"serving.kserve.io/autoscalerClass: {as_class!r} is not simulated (KPA only)")
+    kn_class = anns.get(KN + "class", KPA_CLASS)
+    if kn_class != KPA_CLASS:
+        raise ValueError(f"{KN}class: {kn_class!r} is not simulated (only {KPA_CLASS})")
+
+    # Metric: scaleMetric field wins over the annotation, as KServe overwrites it.
+    metric = spec.get("scaleMetric") or anns.get(KN + "metric") or "concurrency"
+    if metric not in ("concurrency", "rps"):
+        raise ValueError(f"{component}.scaleMetric: {metric!r}; the KPA scales on concurrency or rps")
+    s.metric = metric
+    algo = anns.get(KN + "metric-aggregation-algorithm", "linear")
+    if algo not in ("linear", "weighted-exponential", "weightedExponential"):
+        raise ValueError(f"{KN}metric-aggregation-algorithm: {algo!r} is not linear or weighted-exponential")
+    s.aggregation_algorithm = algo
+
+    # min/max-scale: KServe's serviceAnnotationDisallowedList drops the annotations; the fields decide.
+    for key in ("min-scale", "max-scale"):
+        if _get(anns, key):
+            s.warnings.append(f"{KN}{key} is dropped by KServe; use minReplicas/maxReplicas")
+    min_r = spec.get("minReplicas")
+    s.min_scale = KSERVE_DEFAULT_MIN_REPLICAS if min_r is None else _int(min_r, f"{component}.minReplicas")
+    src["min_scale"] = "kserve default" if min_r is None else f"{component}.minReplicas"
+    max_r = spec.get("maxReplicas")
+    s.max_scale = 0 if max_r is None else _int(max_r, f"{component}.maxReplicas")
+    src["max_scale"] = "unlimited" if max_r is None else f"{component}.maxReplicas"
+    if s.min_scale < 0:
+        raise ValueError(f"{component}.minReplicas: {s.min_scale} must be >= 0")
+    if s.max_scale < 0:
+        raise ValueError(f"{component}.maxReplicas: {s.max_scale} must be >= 0 (0 = unlimited)")
+    if s.max_scale and s.min_scale > s.max_scale:
+        raise ValueError(f"{component}.minReplicas: {s.min_scale} is greater than maxReplicas {s.max_scale}")
+
+    cc = spec.get("containerConcurrency")
+    s.container_concurrency = 0 if cc is None else _int(cc, f"{component}.containerConcurrency")
+    if s.container_concurrency < 0:
+        raise ValueError(f"{component}.containerConcurrency: {s.container_concurrency} must be >= 0")
+    timeout = spec.get("timeout")
+    s.timeout_s = REVISION_TIMEOUT_DEFAULT_S if timeout is None else _float(timeout, f"{component}.timeout")
+    if s.timeout_s <= 0:
+        raise ValueError(f"{component}.timeout: {s.timeout_s} must be positive")
+    pd = anns.get("serving.knative.dev/progress-deadline")
+    if pd is not None:
+        s.progress_deadline_s = parse_duration(pd, "serving.knative.dev/progress-deadline")
+    s.gpus_per_pod = _gpus(spec)
+
+    def ann(key: str) -> tuple[str, str] | None:
+        hit = _get(anns, key)
+        if hit:
+            src[key] = hit[0]
+        return hit
+
+    # Target (ResolveMetricTarget).
+    if metric == "rps":
+        total = _float(cluster("requests-per-second-target-default"), "requests-per-second-target-default")
+        tu = _float(
+            cluster("container-concurrency-target-percentage"), "container-concurrency-target-percentage"
+        )
+    else:
+        total = float(s.container_concurrency) or _float(
+            cluster("container-concurrency-target-default"), "container-concurrency-target-default"
+        )
+        tu = _float(
+            cluster("container-concurrency-target-percentage"), "container-concurrency-target-percentage"
+        )
+    if tu > 1.0:
+        tu /= 100.0  # the configmap takes 70 or 0.7
+    scale_target = spec.get("scaleTarget")
+    target_hit = (
+        (f"{component}.scaleTarget", str(scale_target)) if scale_target is not None else ann("target")
+    )
+    if target_hit:
+        t = _float(target_hit[1], target_hit[0])
+        if t < TARGET_MIN:
+            raise ValueError(f"{target_hit[0]}: {t} should be at least {TARGET_MIN}")
+        if metric == "rps" and t < 1:
+            raise ValueError(f"{target_hit[0]}: an rps target must be >= 1, got {t}")
+        # Never aim above what containerConcurrency lets a pod take.
+        total = min(t, s.container_concurrency) if metric == "concurrency" and s.container_concurrency else t
+        src["target"] = target_hit[0]
+    if hit := ann("target-utilization-percentage"):
+        pct = _float(hit[1], hit[0])
+        if not 1 <= pct <= 100:
+            raise ValueError(f"{hit[0]}: {pct} is outside [1, 100]")
+        tu = pct / 100.0
+    s.target, s.total_value, s.target_utilization = total, total, tu
+    s.target_value = max(TARGET_MIN, total * tu)
+
+    # Windows.
+    window_raw = hit[1] if (hit := ann("window")) else cluster("stable-window")
+    s.stable_window = parse_duration(window_raw, f"{KN}window")
+    if not WINDOW_MIN_S <= s.stable_window <= WINDOW_MAX_S:
+        raise ValueError(f"{KN}window: {window_raw} is outside [6s, 1h]")
+    if s.stable_window != round(s.stable_window):
+        raise ValueError(f"{KN}window: {window_raw} must have at most second precision")
+    pwp_raw = hit[1] if (hit := ann("panic-window-percentage")) else cluster("panic-window-percentage")
+    s.panic_window_percentage = _float(pwp_raw, f"{KN}panic-window-percentage")
+    if not 1.0 <= s.panic_window_percentage <= 100.0:
+        raise ValueError(f"{KN}panic-window-percentage: {pwp_raw} is outside [1, 100]")
+    s.panic_window = panic_window_seconds(s.stable_window, s.panic_window_percentage)
+    ptp_raw = hit[1] if (hit := ann("panic-threshold-percentage")) else cluster("panic-threshold-percentage")
+    s.panic_threshold_percentage = _float(ptp_raw, f"{KN}panic-threshold-percentage")
+    if not 110.0 <= s.panic_threshold_percentage <= 1000.0:
+        raise ValueError(f"{KN}panic-threshold-percentage: {ptp_raw} is outside [110, 1000]")
+
+    tbc_raw = hit[1] if (hit := ann("target-burst-capacity")) else cluster("target-burst-capacity")
+    s.target_burst_capacity = _float(tbc_raw, f"{KN}target-burst-capacity")
+    if s.target_burst_capacity < 0 and s.target_burst_capacity != -1:
+        raise ValueError(f"{KN}target-burst-capacity: {tbc_raw} must be >= 0 or -1 (unlimited)")
+
+    # Rates exist only cluster-wide in Knative; the annotations are accepted here for what-if runs.
+    for key, attr in (
+        ("max-scale-up-rate", "max_scale_up_rate"),
+        ("max-scale-down-rate", "max_scale_down_rate"),
+    ):
+        raw = hit[1] if (hit := ann(key)) else cluster(key)
+        value = _float(raw, key)
+        if value <= 1.0:
+            raise ValueError(f"{KN}{key}: {raw} must be greater than 1")
+        setattr(s, attr, value)
+
+    allow_zero = _bool(cluster("allow-zero-initial-scale"), "allow-zero-initial-scale")
+    s.initial_scale = _int(cluster("initial-scale"), "initial-scale")
+    if hit := ann("initial-scale"):
+        init = _int(hit[1], hit[0])
+        if init < 0:
+            raise ValueError(f"{hit[0]}: {init} must be >= 0")
+        if init == 0 and not allow_zero:
+            s.warnings.append(f"{hit[0]}=0 ignored: config-autoscaler allow-zero-initial-scale is false")
+            src["initial-scale"] = "knative default (0 not allowed)"
+        else:
+            s.initial_scale = init
+
+    if hit := ann("activation-scale"):
+        act = _int(hit[1], hit[0])
+        if act < 2:
+            raise ValueError(f"{hit[0]}: activation-scale={act} must be greater than 1")
+        if s.min_scale > act:
+            raise ValueError(f"{hit[0]}: min-scale={s.min_scale} is greater than activation-scale={act}")
+        if s.max_scale and s.max_scale < act:
+            raise ValueError(f"{hit[0]}: max-scale={s.max_scale} is less than activation-scale={act}")
+        s.activation_scale = act
+
+    sdd_raw = hit[1] if (hit := ann("scale-down-delay")) else cluster("scale-down-delay")
+    s.scale_down_delay = parse_duration(sdd_raw, f"{KN}scale-down-delay")
+    if not 0 <= s.scale_down_delay <= WINDOW_MAX_S:
+        raise ValueError(f"{KN}scale-down-delay: {sdd_raw} is outside [0s, 1h]")
+    if s.scale_down_delay != round(s.scale_down_delay):
+        raise ValueError(f"{KN}scale-down-delay: {sdd_raw} must have at most second precision")
+    ret_raw = (
+        hit[1]
+        if (hit := ann("scale-to-zero-pod-retention-period"))
+        else cluster("scale-to-zero-pod-retention-period")
+    )
+    s.scale_to_zero_pod_retention_period = parse_duration(ret_raw, f"{KN}scale-to-zero-pod-retention-period")
+    if not 0 <= s.scale_to_zero_pod_retention_period <= WINDOW_MAX_S:
+        raise ValueError(f"{KN}scale-to-zero-pod-retention-period: {ret_raw} is outside [0s, 1h]")
+    s.scale_to_zero_grace_period = parse_duration(
+        cluster("scale-to-zero-grace-period"), "scale-to-zero-grace-period"
+    )
+    if s.scale_to_zero_grace_period <= 0:
+        raise ValueError("scale-to-zero-grace-period: must be positive")
+    s.enable_scale_to_zero = _bool(cluster("enable-scale-to-zero"), "enable-scale-to-zero")
+    s.activator_capacity = _float(cluster("activator-capacity"), "activator-capacity")
+    if s.activator_capacity < 1:
+        raise ValueError("activator-capacity: must be at least 1")
+    return s
+
+
+# --- Manifests on disk ------------------------------------------------------------------------
+
+
+def load_documents(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+
+
+def pick_inferenceservice(docs: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
+    isvcs = [d for d in docs if d.get("kind") == "InferenceService"]
+    if name is not None:
+        isvcs = [d for d in isvcs if (d.get("metadata") or {}).get("name") == name]
+    if not isvcs:
+        raise ValueError("no InferenceService found" + (f" named {name!r}" if name else ""))
+    if len(isvcs) > 1:
+        names = [(d.get("metadata") or {}).get("name") for d in isvcs]
+        raise ValueError(f"several InferenceServices {names}; choose one with --name")
+    return isvcs[0]
+
+
+def cluster_config_from(docs: list[dict[str, Any]]) -> dict[str, str] | None:
+    """A `config-autoscaler` ConfigMap shipped with the overlay overrides Knative's defaults."""
+    for d in docs:
+        if d.get("kind") == "ConfigMap" and (d.get("metadata") or {}).get("name") == "config-autoscaler":
+            return {str(k): str(v) for k, v in (d.get("data") or {}).items() if not str(k).startswith("_")}
+    return None
+
+
+class KustomizeError(ValueError):
+    pass
+
+
+def _merge_patch(base: Any, patch: Any) -> Any:
+    # RFC 7386 JSON merge patch: what kustomize's strategic merge amounts to for CRDs like the ISVC
+    # (no patch-merge keys, so lists are replaced).
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(base) if isinstance(base, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge_patch(out.get(k), v)
+    return out
+
+
+def _json6902(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in str(op["path"]).split("/")[1:]]
+        parent: Any = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent.setdefault(p, {})
+        last = parts[-1]
+        kind = op["op"]
+        if isinstance(parent, list):
+            idx = len(parent) if last == "-" else int(last)
+            if kind == "add":
+                parent.insert(idx, op["value"])
+            elif kind == "replace":
+                parent[idx] = op["value"]
+            elif kind == "remove":
+                parent.pop(idx)
+            else:
+                raise KustomizeError(f"json6902 op {kind!r} is not supported by the built-in renderer")
+        elif kind in ("add", "replace"):
+            parent[last] = op["value"]
+        elif kind == "remove":
+            parent.pop(last, None)
+        else:
+            raise KustomizeError(f"json6902 op {kind!r} is not supported by the built-in renderer")
+    return doc
+
+
+_SUPPORTED_KUSTOMIZE = {
+    "apiVersion", "kind", "resources", "patches", "patchesStrategicMerge", "namespace", "namePrefix",
+    "nameSuffix", "commonAnnotations", "commonLabels", "labels", "bases",
+}  # fmt: skip
+
+
+def _matches(doc: dict[str, Any], target: dict[str, Any] | None, patch: dict[str, Any] | None) -> bool:
+    meta = doc.get("metadata") or {}
+    if target:
+        if "kind" in target and target["kind"] != doc.get("kind"):
+            return False
+        if "name" in target and not re.fullmatch(str(target["name"]), str(meta.get("name", ""))):
+            return False
+        return True
+    assert patch is not None
+    pmeta = patch.get("metadata") or {}
+    return doc.get("kind") == patch.get("kind") and meta.get("name") == pmeta.get("name")
+
+
+def render_kustomization(directory: Path) -> list[dict[str, Any]]:
+    """A minimal `kustomize build`: resources, strategic-merge/JSON6902 patches, namespace, names and
+    common labels/annotations. Anything else raises KustomizeError rather than rendering wrongly."""
+    directory = Path(directory)
+    kfile = next((directory / n for n in ("kustomization.yaml", "kustomization.yml", "Kustomization")
+                  if (directory / n).exists()), None)  # fmt: skip
+    if kfile is None:
+        raise KustomizeError(f"{directory}: no kustomization.yaml")
+    kust = yaml.safe_load(kfile.read_text()) or {}
+    unknown = set(kust) - _SUPPORTED_KUSTOMIZE
+    if unknown:
+        raise KustomizeError(f"{kfile}: {sorted(unknown)} not supported by the built-in renderer")
+    docs: list[dict[str, Any]] = []
+    for res in [*(kust.get("bases") or []), *(kust.get("resources") or [])]:
+        path = directory / str(res)
+        if "://" in str(res):
+            raise KustomizeError(f"{kfile}: remote resource {res!r} needs kustomize")
+        docs.extend(render_kustomization(path) if path.is_dir() else load_documents(path.read_text()))
+    patches: list[tuple[Any, dict[str, Any] | None]] = []
+    for p in kust.get("patchesStrategicMerge") or []:
+        for d in (
+            load_documents((directory / str(p)).read_text())
+            if not str(p).lstrip().startswith(("apiVersion", "kind"))
+            else load_documents(str(p))
+        ):
+            patches.append((d, None))
+    for p in kust.get("patches") or []:
+        body = (directory / p["path"]).read_text() if "path" in p else p.get("patch", "")
+        loaded = yaml.safe_load(body)
+        patches.append((loaded, p.get("target")))
+    for body, target in patches:
+        for i, doc in enumerate(docs):
+            if isinstance(body, list):
+                if target is None:
+                    raise KustomizeError("a JSON6902 patch needs a target")
+                if _matches(doc, target, None):
+                    docs[i] = _json6902(doc, body)
+            elif isinstance(body, dict) and _matches(doc, target, body if target is None else None):
+                docs[i] = _merge_patch(doc, body)
+    for doc in docs:
+        meta = doc.setdefault("metadata", {})
+        if kust.get("namespace"):
+            meta["namespace"] = kust["namespace"]
+        if kust.get("namePrefix") or kust.get("nameSuffix"):
+            meta["name"] = f"{kust.get('namePrefix', '')}{meta.get('name', '')}{kust.get('nameSuffix', '')}"
+        if kust.get("commonAnnotations"):
+            meta["annotations"] = {**(meta.get("annotations") or {}), **kust["commonAnnotations"]}
+        labels = dict(kust.get("commonLabels") or {})
+        for entry in kust.get("labels") or []:
+            labels.update(entry.get("pairs") or {})
+        if labels:
+            meta["labels"] = {**(meta.get("labels") or {}), **labels}
+    return docs
+
+
+def render_overlay(directory: Path) -> tuple[list[dict[str, Any]], str]:
+    """(documents, how) for a kustomize directory: `kustomize build` or `kubectl kustomize` when on
+    PATH, else the built-in renderer, else DIR/rendered.yaml. Fails with a message saying which."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"--overlay {directory}: not a directory")
+    for tool in (["kustomize", "build"], ["kubectl", "kustomize"]):
+        if shutil.which(tool[0]):
+            proc = subprocess.run([*tool, str(directory)], capture_output=True, text=True, timeout=60)
+            if proc.returncode == 0:
+                return load_documents(proc.stdout), " ".join(tool)
+            raise ValueError(f"{' '.join(tool)} {directory} failed: {proc.stderr.strip()}")
+    try:
+        return render_kustomization(directory), "built-in renderer"
+    except KustomizeError as e:
+        rendered = directory / "rendered.yaml"
+        if rendered.exists():
+            return load_documents(rendered.read_text()), str(rendered)
+        raise ValueError(
+            f"--overlay {directory}: {e}; install kustomize/kubectl or put `kustomize build` output "
+            f"in {rendered}"
+        ) from e
+
+
+def apply_overrides(isvc: dict[str, Any], component: str, overrides: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE`: a component field (`minReplicas=0`) or an annotation
+    (`autoscaling.knative.dev/window=120s`)."""
+    isvc = copy.deepcopy(isvc)
+    spec = isvc.setdefault("spec", {}).setdefault(component, {})
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        if "/" in key:
+            spec.setdefault("annotations", {})[key] = value
+        else:
+            spec[key] = yaml.safe_load(value)
+    return isvc

@@ -1,0 +1,115 @@
+"""Keys and fingerprints: pure functions, no Redis."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cache import keys
+from cache.keys import CacheRequest, SamplingParams
+from cache.schema import IndexSchema
+
+from .conftest import chat
+
+HOSTILE = ["*", "|", "{", "}", "@", "-", " ", "a b", '"', "'", "\\", "\\}", "ü", "租户", "\x00", "a\x00b",
+           "}|@tenant:{*", "-@tenant:{acme}", "acme ", " acme", "ACME", "\ud800", "*" * 500]  # fmt: skip
+
+
+def test_normalize_text() -> None:
+    assert keys.normalize_text("  What  is\tthe\n\ncapital?  ") == "What is the capital?"
+    assert keys.normalize_text("ｗｈａｔ\u3000is\u00a0it") == "what is it"  # NFKC + unicode spaces
+    assert keys.normalize_text("zero\u200bwidth") == "zerowidth"
+    # Case and punctuation are kept: they can change the answer.
+    assert keys.normalize_text("US") != keys.normalize_text("us")
+    assert keys.normalize_text("2-3") != keys.normalize_text("23")
+
+
+def test_exact_key_ignores_whitespace_but_not_case() -> None:
+    assert keys.exact_key(chat("hello  world")) == keys.exact_key(chat(" hello world\n"))
+    assert keys.exact_key(chat("hello world")) != keys.exact_key(chat("Hello world"))
+
+
+def test_fingerprint_excludes_last_message_and_tenant() -> None:
+    assert keys.fingerprint(chat("a")) == keys.fingerprint(chat("completely different"))
+    assert keys.fingerprint(chat("a", tenant="x")) == keys.fingerprint(chat("a", tenant="y"))
+    assert keys.exact_key(chat("a", tenant="x")) != keys.exact_key(chat("a", tenant="y"))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sampling": SamplingParams(temperature=0.7)},
+        {"sampling": SamplingParams(max_tokens=16)},
+        {"sampling": SamplingParams(top_p=0.9)},
+        {"sampling": SamplingParams(top_k=5)},
+        {"sampling": SamplingParams(stop=["\n"])},
+        {"sampling": SamplingParams(seed=1)},
+        {"sampling": SamplingParams(ignore_eos=True)},
+        {"sampling": SamplingParams(extra={"repetition_penalty": 1.1})},
+        {"context": {"system": "You are a pirate."}},
+        {"context": {"history": [{"role": "user", "content": "hi"}]}},
+        {"model": "other-model"},
+        {"model_revision": "abc123"},
+        {"kind": "completion"},
+    ],
+)
+def test_everything_but_the_prompt_changes_the_fingerprint(change: dict) -> None:
+    base = chat("q")
+    other = chat(change.pop("prompt", "q"), **change)
+    assert keys.fingerprint(base) != keys.fingerprint(other)
+    assert keys.exact_key(base) != keys.exact_key(other)
+
+
+def test_fingerprint_canonical_forms() -> None:
+    a = chat("q", context={"b": 1, "a": [1, 2]}, sampling=SamplingParams(temperature=1, stop=["y", "x"]))
+    b = chat(
+        "q", context={"a": [1, 2], "b": 1}, sampling=SamplingParams(temperature=1.0, stop=("x", "y", "x"))
+    )
+    assert keys.fingerprint(a) == keys.fingerprint(b)
+    assert keys.fingerprint(chat("q", sampling=SamplingParams(stop="x"))) == keys.fingerprint(
+        chat("q", sampling=SamplingParams(stop=["x"]))
+    )
+    assert keys.fingerprint(chat("q", sampling=SamplingParams(stop=[]))) == keys.fingerprint(chat("q"))
+    # A different schema version never shares a fingerprint.
+    assert keys.fingerprint(a, schema_version=2) != keys.fingerprint(a)
+
+
+def test_invalid_requests_are_rejected() -> None:
+    with pytest.raises(ValueError):
+        CacheRequest(tenant="", model="m", kind="chat", prompt="x")
+    with pytest.raises(ValueError):
+        CacheRequest(tenant="t", model="m", kind="embeddings", prompt="x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        keys.fingerprint(chat("q", sampling=SamplingParams(temperature=float("nan"))))
+    with pytest.raises(TypeError):
+        keys.fingerprint(chat("q", context={"x": object()}))
+
+
+def test_hostile_tenant_tags_are_plain_hex_and_distinct() -> None:
+    tags = [keys.tenant_tag(t) for t in HOSTILE]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", t) for t in tags)
+    assert len(set(tags)) == len(HOSTILE)
+    # Tenant and model tags live in different domains.
+    assert keys.tenant_tag("x") != keys.model_tag("x")
+    for t in HOSTILE:
+        assert keys.exact_key(chat("q", tenant=t)) != keys.exact_key(chat("q", tenant="acme"))
+
+
+def test_schema_names_are_versioned() -> None:
+    v1, v2 = IndexSchema("prod", version=1), IndexSchema("prod", version=2)
+    assert v1.index_name == "semserve:v1:prod" and v2.index_name == "semserve:v2:prod"
+    assert not v2.entry_prefix.startswith(v1.entry_prefix) and not v1.entry_prefix.startswith(v2.entry_prefix)
+    for bad in ["", "a:b", "a b", "*", "x" * 100]:
+        with pytest.raises(ValueError):
+            IndexSchema(bad)
+
+
+def test_sampling_from_mapping() -> None:
+    opts = {"max_tokens": 16, "temperature": 0, "top_p": 1.0, "top_k": -1, "seed": None,
+            "stop": ["x"], "ignore_eos": False}  # fmt: skip
+    a = SamplingParams.from_mapping(opts)
+    assert a == SamplingParams(max_tokens=16, temperature=0, top_p=1.0, top_k=-1, stop=("x",))
+    b = SamplingParams.from_mapping({**opts, "repetition_penalty": 1.2})
+    assert b.extra == {"repetition_penalty": 1.2}
+    assert keys.fingerprint(chat("q", sampling=a)) != keys.fingerprint(chat("q", sampling=b))

@@ -1,0 +1,161 @@
+"""SemanticCache: lookup order, verifier, counters and single flight, on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cache.policy import SemanticCache
+from cache.settings import CacheSettings
+from cache.store import RedisCacheStore
+
+from .conftest import chat
+from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble
+
+Q = "What is the capital of France?"
+PARAPHRASE = "Tell me, what is the capital of France?"
+
+
+async def test_miss_then_exact_hit_without_embedding(cache: SemanticCache) -> None:
+    res = await cache.lookup(chat(Q))
+    assert res.status == "miss" and res.vector is not None
+    assert await cache.store(chat(Q), {"text": "Paris"}, res.vector)
+    emb = cache.embedder
+    assert isinstance(emb, HashingEmbedderDouble)
+    calls = emb.calls
+    hit = await cache.lookup(chat("  What is the capital of   France?"))
+    assert hit.status == "exact" and hit.answer == {"text": "Paris"} and hit.similarity == 1.0
+    assert emb.calls == calls  # exact hits never embed
+    assert set(hit.timings) == {"exact", "total"}
+    assert cache.counters.lookups["miss"] == 1 and cache.counters.lookups["exact"] == 1
+
+
+async def test_semantic_hit_via_verifier(cache: SemanticCache) -> None:
+    await cache.store(chat(Q), {"text": "Paris"})
+    res = await cache.lookup(chat(PARAPHRASE))
+    assert res.status == "semantic" and res.answer == {"text": "Paris"}
+    assert res.cached_prompt == Q and res.verdict is not None and res.verdict.accept
+    assert 0.8 <= (res.similarity or 0) < 1.0
+    assert {"exact", "embed", "search", "verify", "total"} <= set(res.timings)
+
+
+async def test_verifier_rejection_is_a_miss(store: RedisCacheStore, cache_settings: CacheSettings) -> None:
+    strict = ThresholdVerifierDouble(0.99)
+    cache = SemanticCache(store, HashingEmbedderDouble(), strict, cache_settings)
+    await cache.store(chat(Q), {"text": "Paris"})
+    res = await cache.lookup(chat(PARAPHRASE))
+    assert res.status == "miss" and res.verdict is not None and not res.verdict.accept
+    assert res.candidates == 1 and strict.calls == 1 and cache.counters.verifier_rejections == 1
+
+
+async def test_min_similarity_floor_skips_verifier(
+    store: RedisCacheStore, cache_settings: CacheSettings
+) -> None:
+    verifier = ThresholdVerifierDouble(0.0)  # would accept anything it is shown
+    cache = SemanticCache(store, HashingEmbedderDouble(), verifier, cache_settings)
+    await cache.store(chat(Q), {"text": "Paris"})
+    res = await cache.lookup(chat("How do I bake sourdough bread?"))
+    assert res.status == "miss" and res.candidates == 0 and verifier.calls == 0
+
+
+async def test_tenant_isolation(cache: SemanticCache) -> None:
+    await cache.store(chat(Q, tenant="a"), {"text": "Paris"})
+    assert (await cache.lookup(chat(Q, tenant="a"))).status == "exact"
+    assert (await cache.lookup(chat(Q, tenant="b"))).status == "miss"
+    assert (await cache.lookup(chat(PARAPHRASE, tenant="b"))).status == "miss"
+
+
+async def test_context_and_sampling_isolate_answers(cache: SemanticCache) -> None:
+    from cache.keys import SamplingParams
+
+    await cache.store(chat(Q), {"text": "Paris"})
+    assert (await cache.lookup(chat(Q, context={"system": "Answer in French."}))).status == "miss"
+    assert (await cache.lookup(chat(Q, sampling=SamplingParams(max_tokens=5)))).status == "miss"
+
+
+async def test_bypass(cache: SemanticCache) -> None:
+    await cache.store(chat(Q), {"text": "Paris"})
+    assert (await cache.lookup(chat(Q, bypass=True))).status == "bypass"
+    assert (await cache.lookup(chat("   "))).status == "bypass"
+    assert await cache.store(chat("x", bypass=True), {"text": "no"}) is False
+
+
+async def test_store_of_unserializable_answer_fails_soft(cache: SemanticCache) -> None:
+    assert await cache.store(chat(Q), {"bad": object()}) is False
+    assert cache.counters.store_errors == 1 and not cache.degraded
+
+
+async def test_single_flight_calls_produce_once(cache: SemanticCache) -> None:
+    calls = 0
+
+    async def produce() -> dict:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.2)
+        return {"text": "Paris"}
+
+    results = await asyncio.gather(*(cache.serve(chat(Q), produce) for _ in range(20)))
+    assert calls == 1
+    assert all(answer == {"text": "Paris"} for _, answer in results)
+    assert cache.counters.singleflight_leaders == 1 and cache.counters.singleflight_joined == 19
+    assert (await cache.lookup(chat(Q))).status == "exact"  # the leader stored it
+    assert not cache._flights
+
+
+async def test_single_flight_leader_error_reaches_waiters(cache: SemanticCache) -> None:
+    calls = 0
+
+    async def produce() -> dict:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.05)
+        raise RuntimeError("predictor down")
+
+    results = await asyncio.gather(
+        *(cache.run_once(chat(Q), produce) for _ in range(5)), return_exceptions=True
+    )
+    assert calls == 1 and all(isinstance(r, RuntimeError) for r in results)
+    assert (await cache.lookup(chat(Q))).status == "miss" and not cache._flights
+
+
+async def test_single_flight_survives_leader_cancellation(cache: SemanticCache) -> None:
+    calls = 0
+
+    async def produce() -> dict:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.1)
+        return {"text": "Paris"}
+
+    leader = asyncio.create_task(cache.run_once(chat(Q), produce))
+    await asyncio.sleep(0.01)
+    waiters = [asyncio.create_task(cache.run_once(chat(Q), produce)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    leader.cancel()
+    results = await asyncio.gather(*waiters)
+    assert results == [{"text": "Paris"}] * 3 and calls == 2
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+
+
+async def test_single_flight_wait_is_bounded(store: RedisCacheStore, cache_settings: CacheSettings) -> None:
+    cache_settings.singleflight_wait_s = 0.05
+    cache = SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(), cache_settings)
+    calls = 0
+
+    async def produce() -> dict:
+        nonlocal calls
+        calls += 1
+        n = calls
+        await asyncio.sleep(0.3 if n == 1 else 0.0)
+        return {"text": f"answer {n}"}
+
+    results = await asyncio.gather(*(cache.run_once(chat(Q), produce) for _ in range(3)))
+    assert calls == 3 and cache.counters.singleflight_wait_timeouts == 2
+    assert results[0] == {"text": "answer 1"}
+
+
+def test_embedder_dim_mismatch_is_refused(store: RedisCacheStore, cache_settings: CacheSettings) -> None:
+    with pytest.raises(ValueError):
+        SemanticCache(store, HashingEmbedderDouble(dim=128), ThresholdVerifierDouble(), cache_settings)

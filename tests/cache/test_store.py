@@ -1,0 +1,168 @@
+"""RedisCacheStore against a real Redis + RediSearch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import redis
+
+from cache import keys
+from cache.settings import CacheSettings
+from cache.store import RedisCacheStore
+
+from .conftest import chat
+from .doubles import HashingEmbedderDouble
+from .test_keys import HOSTILE
+
+emb = HashingEmbedderDouble()
+
+
+async def put(store: RedisCacheStore, prompt: str, answer: str = "A", ttl: int | None = None, **kw) -> str:
+    req = chat(prompt, **kw)
+    return await store.put(req, prompt, await emb.embed(prompt), {"text": answer}, ttl)
+
+
+async def test_ensure_index_is_idempotent(store: RedisCacheStore, clean_redis: redis.Redis) -> None:
+    assert await store.ensure_index() is False  # the fixture created it
+    clean_redis.flushall()
+    assert await store.ensure_index() is True
+    assert await store.ensure_index() is False
+
+
+async def test_exact_hit_and_miss(store: RedisCacheStore) -> None:
+    entry_id = await put(store, "What is the capital of France?", "Paris")
+    hit = await store.get_exact(chat("What is the capital of  France? "))
+    assert hit is not None and hit.answer == {"text": "Paris"} and hit.entry_id == entry_id
+    assert hit.similarity == 1.0 and hit.created_at > 0
+    assert await store.get_exact(chat("What is the capital of Spain?")) is None
+
+
+async def test_search_returns_similar_entries_best_first(store: RedisCacheStore) -> None:
+    await put(store, "What is the capital of France?", "Paris")
+    await put(store, "How do I bake sourdough bread at home?", "Bread")
+    q = "Tell me, what is the capital of France?"
+    found = await store.search(chat(q), await emb.embed(q), k=5)
+    assert [c.answer["text"] for c in found] == ["Paris", "Bread"]
+    assert found[0].prompt == "What is the capital of France?"
+    assert 0.8 < found[0].similarity < 1.0 and found[1].similarity < 0.5
+
+
+async def test_tenant_and_fingerprint_filter_the_search(store: RedisCacheStore) -> None:
+    p = "What is the capital of France?"
+    await put(store, p, "Paris")
+    v = await emb.embed(p)
+    assert len(await store.search(chat(p), v)) == 1
+    assert await store.search(chat(p, tenant="other"), v) == []
+    assert await store.get_exact(chat(p, tenant="other")) is None
+    assert await store.search(chat(p, model="other"), v) == []
+    assert await store.search(chat(p, context={"system": "be brief"}), v) == []
+    assert await store.search(chat(p, kind="completion"), v) == []
+
+
+async def test_ttl_expiry_is_fixed(store: RedisCacheStore) -> None:
+    p = "short lived"
+    await put(store, p, ttl=1)
+    await put(store, "long lived")
+    for _ in range(3):  # reads do not extend the lifetime
+        assert await store.get_exact(chat(p)) is not None
+    await asyncio.sleep(1.15)
+    assert await store.get_exact(chat(p)) is None
+    assert all(c.prompt != p for c in await store.search(chat(p), await emb.embed(p)))
+    assert await store.get_exact(chat("long lived")) is not None
+
+
+async def test_eviction_keeps_the_newest_per_tenant(cache_settings: CacheSettings) -> None:
+    cache_settings.max_entries_per_tenant = 3
+    store = RedisCacheStore.from_settings(cache_settings)
+    await store.ensure_index()
+    try:
+        for i in range(5):
+            await put(store, f"question number {i}")
+        await put(store, "other tenant question", tenant="other")
+        present = [await store.get_exact(chat(f"question number {i}")) is not None for i in range(5)]
+        assert present == [False, False, True, True, True]
+        assert await store.get_exact(chat("other tenant question", tenant="other")) is not None
+        assert (await store.stats("acme"))["tenants"] == {"acme": 3}
+        # Overwriting an existing entry does not evict another one.
+        await put(store, "question number 4", "new")
+        assert (await store.get_exact(chat("question number 4"))).answer == {"text": "new"}  # type: ignore[union-attr]
+        assert await store.get_exact(chat("question number 2")) is not None
+    finally:
+        await store.close()
+
+
+async def test_flush_by_tenant_and_model(store: RedisCacheStore) -> None:
+    await put(store, "q1")
+    await put(store, "q2", model="m2")
+    await put(store, "q3", model="m2", model_revision="r2")
+    await put(store, "q1", tenant="other")
+    await put(store, "q1", tenant="other", model="m2")
+    assert await store.flush("acme", model="m2") == 2  # all revisions of m2
+    assert await store.get_exact(chat("q1")) is not None
+    assert await store.get_exact(chat("q2", model="m2")) is None
+    assert await store.get_exact(chat("q1", tenant="other", model="m2")) is not None
+    assert await store.flush("acme") == 1
+    assert await store.get_exact(chat("q1")) is None
+    assert await store.get_exact(chat("q1", tenant="other")) is not None
+    stats = await store.stats()
+    assert stats["tenants"] == {"other": 2} and stats["num_docs"] == 2
+
+
+async def test_hostile_tenants_and_models_never_widen_or_error(store: RedisCacheStore) -> None:
+    p = "What is the capital of France?"
+    v = await emb.embed(p)
+    await put(store, p, "victim")
+    for t in HOSTILE:
+        assert await store.search(chat(p, tenant=t), v) == []
+        assert await store.get_exact(chat(p, tenant=t)) is None
+        assert await store.search(chat(p, model=t), v) == []
+        assert await store.flush(t, model=t) == 0
+    for i, t in enumerate(HOSTILE):
+        await put(store, p, f"own {i}", tenant=t, model=t)
+    for i, t in enumerate(HOSTILE):
+        found = await store.search(chat(p, tenant=t, model=t), v)
+        assert [c.answer["text"] for c in found] == [f"own {i}"]
+    assert (await store.get_exact(chat(p))).answer == {"text": "victim"}  # type: ignore[union-attr]
+    stats = await store.stats()
+    assert stats["tenants"]["acme"] == 1 and stats["tenants"]["*"] == 1
+    assert await store.flush("*") == 1
+    assert await store.get_exact(chat(p)) is not None
+    inspected = await store.inspect("a\x00b")
+    assert len(inspected) == 1 and inspected[0]["model"] == "a\x00b"
+
+
+async def test_schema_version_bump_does_not_read_old_entries(
+    store: RedisCacheStore, cache_settings: CacheSettings
+) -> None:
+    p = "What is the capital of France?"
+    await put(store, p, "old")
+    v2 = RedisCacheStore.from_settings(cache_settings, schema_version=2, client=store.client)
+    assert await v2.ensure_index() is True
+    assert v2.schema.index_name != store.schema.index_name
+    assert await v2.get_exact(chat(p)) is None
+    assert await v2.search(chat(p), await emb.embed(p)) == []
+    assert (await v2.stats())["num_docs"] == 0
+    assert await store.get_exact(chat(p)) is not None
+
+
+async def test_stats_and_inspect(store: RedisCacheStore) -> None:
+    await put(store, "first", "1")
+    await asyncio.sleep(0.01)
+    await put(store, "second", "2", model="m2", model_revision="r1")
+    stats = await store.stats()
+    assert stats["tenants"] == {"acme": 2} and stats["num_docs"] == 2 and stats["index_exists"]
+    assert stats["vector_index_sz_mb"] > 0 and stats["redis_used_memory_bytes"] > 0
+    assert (await store.stats("nobody"))["tenants"] == {"nobody": 0}
+    rows = await store.inspect("acme", limit=5)
+    assert [r["prompt"] for r in rows] == ["second", "first"]
+    assert rows[0]["model"] == "m2@r1" and rows[0]["answer"] == {"text": "2"}
+    assert 86000 < rows[0]["expires_in_s"] <= 86400
+    assert len(await store.inspect("acme", limit=1)) == 1
+
+
+async def test_put_rejects_wrong_dimension(store: RedisCacheStore) -> None:
+    with pytest.raises(ValueError):
+        await store.put(chat("x"), "x", np.zeros(10, np.float32), {"a": 1})
+    assert keys.exact_key(chat("x")) == store.entry_id(chat("x"))

@@ -1,0 +1,65 @@
+"""Suite-wide fixtures: one real predictor (vLLM on the prepared SmolLM2) shared by every test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, ServerProcess, free_port, http_ready
+
+LOG_DIR = ROOT / ".cache" / "test-logs"
+
+# Llama/SmolLM chat format: tests that use v2 send already-templated prompts, like Triton clients do.
+FRANCE = (
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+@dataclass
+class Predictor:
+    http: str
+    grpc: str
+    process: ServerProcess
+
+    @property
+    def openai_base(self) -> str:
+        return f"{self.http}/openai/v1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests that stop the shared predictor run after everything else that uses it.
+    items.sort(key=lambda item: 1 if item.get_closest_marker("stops_predictor") else 0)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "stops_predictor: ends the shared predictor process")
+
+
+@pytest.fixture(scope="session")
+def predictor() -> Iterator[Predictor]:
+    http_port, grpc_port = free_port(), free_port()
+    proc = ServerProcess(
+        [
+            "predictor",
+            "--http-port", str(http_port),
+            "--grpc-port", str(grpc_port),
+            "--max-body-bytes", str(256 * 1024),
+            "--grace-period-s", "60",
+        ],
+        LOG_DIR / "predictor.log",
+    ).start()
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        proc.wait_until(http_ready(f"{url}/v2/health/ready"), 600, "predictor")
+        yield Predictor(url, f"127.0.0.1:{grpc_port}", proc)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def log_dir() -> Path:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    return LOG_DIR

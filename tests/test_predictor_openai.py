@@ -1,0 +1,113 @@
+"""OpenAI routes against the real predictor, through the official `openai` client."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Predictor
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture
+def client(predictor: Predictor) -> openai.OpenAI:
+    return openai.OpenAI(base_url=predictor.openai_base, api_key="unused", max_retries=0)
+
+
+def test_models_list(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["llm"]
+    assert client.models.retrieve("llm").id == "llm"
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    resp = client.chat.completions.create(model="llm", messages=QUESTION, temperature=0, max_tokens=20)
+    assert resp.object == "chat.completion"
+    assert "Paris" in resp.choices[0].message.content
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.usage.completion_tokens > 0 and resp.usage.prompt_tokens > 0
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+
+
+def test_completion_single_and_list(client: openai.OpenAI) -> None:
+    one = client.completions.create(model="llm", prompt="The capital of France is", max_tokens=5,
+                                    temperature=0)
+    assert one.object == "text_completion" and one.choices[0].text
+    many = client.completions.create(model="llm", prompt=["Hello", "Goodbye"], max_tokens=4,
+                                     temperature=0)
+    assert [c.index for c in many.choices] == [0, 1]
+
+
+def test_chat_stream_chunk_by_chunk(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="llm", messages=QUESTION, temperature=0, max_tokens=20, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 2  # one chunk per new piece, not one blob
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["stop"]
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens > 0
+    whole = client.chat.completions.create(model="llm", messages=QUESTION, temperature=0, max_tokens=20)
+    assert "".join(pieces) == whole.choices[0].message.content
+
+
+def test_completion_stream(client: openai.OpenAI) -> None:
+    stream = client.completions.create(
+        model="llm", prompt="Once upon a time", max_tokens=10, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert all(c.usage is None for c in chunks)  # no usage unless asked
+
+
+def test_sse_wire_format(predictor: Predictor) -> None:
+    body = {"model": "llm", "messages": QUESTION, "max_tokens": 5, "stream": True, "temperature": 0}
+    with httpx.stream("POST", f"{predictor.openai_base}/chat/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"model": "nope", "messages": QUESTION}, 404, "nope"),
+        ({"model": "llm"}, 400, "messages"),
+        ({"model": "llm", "messages": []}, 400, "messages"),
+        ({"model": "llm", "messages": QUESTION, "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": "llm", "messages": QUESTION, "max_tokens": 100000}, 400, "max_tokens"),
+        ({"model": "llm", "messages": QUESTION, "temperature": -0.5}, 400, "temperature"),
+        ({"model": "llm", "messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
+        ({"model": "llm", "messages": QUESTION, "n": 3}, 400, "n must be 1"),
+        ({"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+        ({"model": "llm", "messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context"),
+    ],
+)
+def test_chat_bad_input(predictor: Predictor, body: dict, status: int, needle: str) -> None:
+    r = httpx.post(f"{predictor.openai_base}/chat/completions", json=body, timeout=60)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["error"]["message"]
+
+
+def test_openai_malformed_json_and_empty_prompt(predictor: Predictor) -> None:
+    r = httpx.post(f"{predictor.openai_base}/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{predictor.openai_base}/completions", json={"model": "llm", "prompt": ""})
+    assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
+
+
+def test_openai_client_raises_typed_errors(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other", messages=QUESTION)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="llm", messages=QUESTION, max_tokens=-1)

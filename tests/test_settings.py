@@ -1,0 +1,47 @@
+"""Settings: flag beats env beats default; the README table lists every setting."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from predictors.config import PredictorSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse(argv: list[str]) -> PredictorSettings:
+    parser = argparse.ArgumentParser()
+    PredictorSettings.add_arguments(parser)
+    return PredictorSettings.from_namespace(parser.parse_args(argv))
+
+
+def test_defaults_run_locally(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("SEMSERVE_PREDICTOR_HTTP_PORT", "SEMSERVE_PREDICTOR_MODEL_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    s = parse([])
+    assert (s.model_name, s.host, s.http_port, s.grpc_port) == ("llm", "127.0.0.1", 8090, 8091)
+
+
+def test_flag_beats_env_beats_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEMSERVE_PREDICTOR_HTTP_PORT", "9000")
+    monkeypatch.setenv("SEMSERVE_PREDICTOR_ENFORCE_EAGER", "true")
+    assert parse([]).http_port == 9000
+    assert parse([]).enforce_eager is True
+    assert parse(["--http-port", "9100"]).http_port == 9100
+    assert parse(["--no-enforce-eager"]).enforce_eager is False
+
+
+def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEMSERVE_PREDICTOR_ENFORCE_EAGER", "maybe")
+    with pytest.raises(ValueError, match="SEMSERVE_PREDICTOR_ENFORCE_EAGER"):
+        parse([])
+
+
+def test_readme_documents_every_predictor_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for line in PredictorSettings.markdown_table().splitlines()[2:]:
+        flag = line.split("|")[1].strip()
+        assert flag in readme, f"README lacks {flag}"
