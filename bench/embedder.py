@@ -55,9 +55,7 @@ def bench(backends: Sequence[str], iters: int, threads: int, max_length: int) ->
     rows: list[dict[str, float | str]] = []
     ref: np.ndarray | None = None
     for backend in backends:
-        emb = Embedder(
-            EmbedderSettings(backend=backend, threads=threads, max_length=max_length, lru_size=0)
-        )
+        emb = Embedder(EmbedderSettings(backend=backend, threads=threads, max_length=max_length, lru_size=0))
         vecs = emb.embed_many(PROMPTS, batch_size=1)
         if ref is None:
             ref = vecs
@@ -106,8 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"threads={args.threads} max_length={args.max_length} iters={args.iters} (ratios vs {rows[0]['backend']})")
-    print(f"{'backend':<11} {'p50 ms':>7} {'p99 ms':>7} {'b16 ms':>7} {'p50 x':>6} {'b16 x':>6} {'min cos':>8}")
+    print(
+        f"threads={args.threads} max_length={args.max_length} iters={args.iters} "
+        f"(ratios vs {rows[0]['backend']})"
+    )
+    print(
+        f"{'backend':<11} {'p50 ms':>7} {'p99 ms':>7} {'b16 ms':>7} {'p50 x':>6} {'b16 x':>6} {'min cos':>8}"
+    )
     for r in rows:
         print(
             f"{r['backend']:<11} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {r['batch16_ms']:7.2f} "

@@ -147,7 +147,9 @@ class Embedder:
     def _load_backend(self, backend: str) -> _Runner:
         if backend.startswith("onnx"):
             if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
-                log.warning("embedder_backend_fallback", wanted=backend, used="torch", reason="no onnxruntime")
+                log.warning(
+                    "embedder_backend_fallback", wanted=backend, used="torch", reason="no onnxruntime"
+                )
                 self.backend = "torch"
                 return self._load_torch(quantize=False)
             return self._load_onnx(quantize=backend == "onnx-int8")
@@ -184,9 +186,12 @@ class Embedder:
         if not weights.exists():
             weights = self.model_path / "pytorch_model.bin"
         stat = weights.stat() if weights.exists() else None
-        key = f"{self.model_path}|{stat.st_size if stat else 0}|{stat.st_mtime_ns if stat else 0}|{_EXPORT_VERSION}"
+        size, mtime = (stat.st_size, stat.st_mtime_ns) if stat else (0, 0)
+        key = f"{self.model_path}|{size}|{mtime}|{_EXPORT_VERSION}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        root = (self.settings.onnx_dir or _default_cache_dir() / "embedder") / f"{self.model_path.name}-{digest}"
+        root = (
+            self.settings.onnx_dir or _default_cache_dir() / "embedder"
+        ) / f"{self.model_path.name}-{digest}"
         return root / "model.onnx", root / "model.int8.onnx"
 
     def _export_onnx(self, fp32: Path) -> None:
@@ -204,7 +209,9 @@ class Embedder:
                 return self.inner(**dict(zip(names, args, strict=True))).last_hidden_state
 
         # Two rows of different length, so the trace keeps the padding path of the attention mask.
-        sample = self._tokenizer(["a longer sample sentence for export", "short"], padding=True, return_tensors="pt")
+        sample = self._tokenizer(
+            ["a longer sample sentence for export", "short"], padding=True, return_tensors="pt"
+        )
         fp32.parent.mkdir(parents=True, exist_ok=True)
         tmp = fp32.with_suffix(f".tmp{os.getpid()}")
         axes = {n: {0: "batch", 1: "seq"} for n in [*names, "hidden"]}
@@ -234,9 +241,8 @@ class Embedder:
         path = fp32
         if quantize:
             if not int8.exists():
-                from onnxruntime.quantization import QuantType, quantize_dynamic
-
                 import onnx
+                from onnxruntime.quantization import QuantType, quantize_dynamic
 
                 # Per-channel int8 weights everywhere except the FFN down-projections: their inputs
                 # (post-GELU activations) have outliers that per-tensor dynamic activation scales
@@ -245,11 +251,17 @@ class Embedder:
                 keep_fp32 = [
                     n.name
                     for n in graph.node
-                    if n.op_type == "MatMul" and n.name.endswith("/output/dense/MatMul") and "attention" not in n.name
+                    if n.op_type == "MatMul"
+                    and n.name.endswith("/output/dense/MatMul")
+                    and "attention" not in n.name
                 ]
                 tmp = int8.with_suffix(f".tmp{os.getpid()}.onnx")
                 quantize_dynamic(
-                    str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32
+                    str(fp32),
+                    str(tmp),
+                    weight_type=QuantType.QInt8,
+                    per_channel=True,
+                    nodes_to_exclude=keep_fp32,
                 )
                 tmp.replace(int8)
             path = int8

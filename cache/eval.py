@@ -137,7 +137,9 @@ def load_pairs(path: Path | str) -> list[Pair]:
             continue
         row = json.loads(line)
         try:
-            pairs.append(Pair(row["a"], row["b"], bool(row["same_answer"]), row.get("category", "uncategorized")))
+            pairs.append(
+                Pair(row["a"], row["b"], bool(row["same_answer"]), row.get("category", "uncategorized"))
+            )
         except KeyError as e:
             raise ValueError(f"{path}:{n}: missing field {e}") from None
     return pairs
@@ -222,7 +224,8 @@ def evaluate_offline(
 def evaluate_threshold(pairs: Sequence[Pair], similarities: np.ndarray, threshold: float) -> Report:
     """Plain cosine cut-off, no verifier: what most semantic caches do."""
     outs = [
-        Outcome(p, bool(s >= threshold), "cosine", float(s), f">= {threshold}") for p, s in zip(pairs, similarities, strict=True)
+        Outcome(p, bool(s >= threshold), "cosine", float(s), f">= {threshold}")
+        for p, s in zip(pairs, similarities, strict=True)
     ]
     return summarize(f"cosine>={threshold:.2f}", outs)
 
@@ -247,7 +250,9 @@ async def evaluate_through_cache(
         for i, p in enumerate(pairs):
             tenant = f"eval-{run}-{i}"
             answer = {"text": f"answer to: {p.a}", "pair": i}
-            stored = await cache.store(CacheRequest(tenant=tenant, model=model, kind="chat", prompt=p.a), answer)
+            stored = await cache.store(
+                CacheRequest(tenant=tenant, model=model, kind="chat", prompt=p.a), answer
+            )
             if not stored:
                 raise RuntimeError(f"store failed for pair {i} (is Redis up?)")
             res = await cache.lookup(CacheRequest(tenant=tenant, model=model, kind="chat", prompt=p.b))
@@ -278,7 +283,10 @@ def _pct(x: float | None) -> str:
 
 
 def format_reports(title: str, reports: Sequence[Report], per_category: Report | None = None) -> str:
-    lines = [title, f"  {'method':<16} {'served_same':>11} {'wrong_served':>12} {'precision':>9}   n_same/n_diff"]
+    lines = [
+        title,
+        f"  {'method':<16} {'served_same':>11} {'wrong_served':>12} {'precision':>9}   n_same/n_diff",
+    ]
     for r in reports:
         o = r.overall
         goal = "  goal met" if r.meets_goal else ""
@@ -291,7 +299,8 @@ def format_reports(title: str, reports: Sequence[Report], per_category: Report |
         lines.append(f"    {'category':<20} {'n':>4} {'served_same':>11} {'wrong_served':>12}")
         for cat, f in sorted(per_category.per_category.items()):
             lines.append(
-                f"    {cat:<20} {f.n_same + f.n_diff:>4} {_pct(f.served_same_rate):>11} {_pct(f.wrong_served_rate):>12}"
+                f"    {cat:<20} {f.n_same + f.n_diff:>4} {_pct(f.served_same_rate):>11} "
+                f"{_pct(f.wrong_served_rate):>12}"
             )
     return "\n".join(lines)
 
@@ -332,15 +341,25 @@ def run(args: argparse.Namespace) -> int:
         reports = [main, *(evaluate_threshold(pairs, sims, t) for t in BASELINE_THRESHOLDS)]
         ok = ok and main.meets_goal
         doc["splits"][name] = {r.name: r.as_dict(with_outcomes=args.outcomes and r is main) for r in reports}
-        text.append(format_reports(f"{name}: {path.name} ({len(pairs)} pairs)", reports, main if args.per_category else None))
+        text.append(
+            format_reports(
+                f"{name}: {path.name} ({len(pairs)} pairs)", reports, main if args.per_category else None
+            )
+        )
         if args.mistakes:
             for o in main.mistakes():
                 kind = "WRONG SERVE" if o.served else "missed"
-                text.append(f"    {kind:<11} [{o.pair.category}] {o.rule} {o.score:.3f}: {o.pair.a!r} / {o.pair.b!r} ({o.detail})")
+                text.append(
+                    f"    {kind:<11} [{o.pair.category}] {o.rule} {o.score:.3f}: "
+                    f"{o.pair.a!r} / {o.pair.b!r} ({o.detail})"
+                )
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(f"embedder backend: {embedder.backend}; goal: wrong_served <= {GOAL_MAX_WRONG:.0%}, served_same >= {GOAL_MIN_SERVED:.0%}")
+        print(
+            f"embedder backend: {embedder.backend}; goal: wrong_served <= {GOAL_MAX_WRONG:.0%}, "
+            f"served_same >= {GOAL_MIN_SERVED:.0%}"
+        )
         print("\n\n".join(text))
     return 0 if ok else 1
 
@@ -349,7 +368,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     """`semserve cache eval`, for semserve.cli.COMMAND_MODULES."""
     from cache.cli import cache_subparsers
 
-    p = cache_subparsers(sub).add_parser("eval", help="hit rate and wrong-serve rate on labelled prompt pairs")
+    p = cache_subparsers(sub).add_parser(
+        "eval", help="hit rate and wrong-serve rate on labelled prompt pairs"
+    )
     add_arguments(p)
     p.set_defaults(func=run)
 

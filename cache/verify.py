@@ -49,7 +49,7 @@ RULES = ("negation", "number", "date", "question", "antonym", "direction", "cont
 class VerifierSettings(Settings):
     ENV_PREFIX: ClassVar[str] = "SEMSERVE_VERIFY_"
 
-    min_similarity: float = setting(0.72, "Cosine below which a candidate is rejected outright.")
+    min_similarity: float = setting(0.70, "Cosine below which a candidate is rejected outright.")
     accept_clean: float = setting(
         0.78, "Cosine needed when every content word has a counterpart (reorder, synonyms, typos)."
     )
@@ -58,48 +58,92 @@ class VerifierSettings(Settings):
     )
     max_added: int = setting(2, "Most extra content words on one side that can still be accepted.")
     accept_substituted: float = setting(
-        0.97, "Cosine needed when both sides have content words without a counterpart."
+        0.93, "Cosine needed when both sides have content words without a counterpart."
     )
     max_substituted: int = setting(1, "Most unmatched content words per side that can still be accepted.")
-    disabled_rules: str = setting(
-        "", f"Comma-separated rules to skip, for ablations: {', '.join(RULES)}."
-    )
+    disabled_rules: str = setting("", f"Comma-separated rules to skip, for ablations: {', '.join(RULES)}.")
+
+
+def _mapping(spec: str, sep: str) -> dict[str, str]:
+    """'key=value key2=value2' (underscores in values are spaces) -> dict; keeps lexicons compact."""
+    out = {}
+    for item in spec.split():
+        k, v = item.split(sep, 1)
+        out[k] = v.replace("_", " ")
+    return out
+
+
+def _pairs(spec: str, sep: str) -> list[tuple[str, str]]:
+    out = []
+    for item in spec.split():
+        a, b = item.split(sep, 1)
+        out.append((a, b))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Lexicons. General English, not tuned to any one evaluation pair; kept small and explainable.
 
-_CONTRACTIONS = {
-    "can't": "can not", "cant": "can not", "cannot": "can not", "won't": "will not",
-    "shan't": "shall not", "ain't": "is not", "dont": "do not", "doesnt": "does not",
-    "didnt": "did not", "isnt": "is not", "arent": "are not", "wasnt": "was not", "werent": "were not",
-    "havent": "have not", "hasnt": "has not", "hadnt": "had not", "wouldnt": "would not",
-    "shouldnt": "should not", "couldnt": "could not", "mustnt": "must not", "wont": "will not",
-    "whats": "what is", "hows": "how is", "wheres": "where is", "whos": "who is", "thats": "that is",
-    "im": "i am", "ive": "i have", "youre": "you are", "theyre": "they are", "lets": "let us",
-}
-_SUFFIX_CONTRACTIONS = (("n't", " not"), ("'re", " are"), ("'ve", " have"), ("'ll", " will"),
-                        ("'m", " am"), ("'d", " would"), ("'s", ""))
+_CONTRACTIONS = _mapping(
+    """
+    can't=can_not cant=can_not cannot=can_not won't=will_not shan't=shall_not ain't=is_not
+    dont=do_not doesnt=does_not didnt=did_not isnt=is_not arent=are_not wasnt=was_not
+    werent=were_not havent=have_not hasnt=has_not hadnt=had_not wouldnt=would_not
+    shouldnt=should_not couldnt=could_not mustnt=must_not wont=will_not whats=what_is hows=how_is
+    wheres=where_is whos=who_is thats=that_is im=i_am ive=i_have youre=you_are theyre=they_are
+    lets=let_us
+    """,
+    "=",
+)
+_SUFFIX_CONTRACTIONS = (
+    ("n't", " not"),
+    ("'re", " are"),
+    ("'ve", " have"),
+    ("'ll", " will"),
+    ("'m", " am"),
+    ("'d", " would"),
+    ("'s", ""),
+)
 
 # Phrasal verbs and fixed phrases that have a one-word equivalent; applied before tokenizing.
 _PHRASES = [
-    (r"\bturn(?:s|ed|ing)? on\b", "enable"), (r"\bswitch(?:es|ed|ing)? on\b", "enable"),
-    (r"\bturn(?:s|ed|ing)? off\b", "disable"), (r"\bswitch(?:es|ed|ing)? off\b", "disable"),
-    (r"\bspeed(?:s|ing)? up\b", "accelerate"), (r"\bslow(?:s|ing)? down\b", "decelerate"),
-    (r"\bget(?:ting)? rid of\b", "remove"), (r"\bset(?:ting)? up\b", "setup"),
-    (r"\blog(?:ging)? (?:in|into|on)\b", "login"), (r"\bsign(?:ing)? (?:in|into|on)\b", "login"),
-    (r"\bsign(?:ing)? up\b", "signup"), (r"\blog(?:ging)? out\b", "logout"),
-    (r"\bsign(?:ing)? out\b", "logout"), (r"\bback(?:ing)? up\b", "backup"),
-    (r"\bfind out\b", "find"), (r"\blook(?:ing)? up\b", "find"), (r"\bfigure out\b", "find"),
-    (r"\bturn(?:s|ed|ing)? down\b", "decline"), (r"\bget(?:ting)? ready\b", "prepare"),
-    (r"\bhow come\b", "why"), (r"\bin order to\b", "to"), (r"\ba lot of\b", "many"),
-    (r"\blots of\b", "many"), (r"\bplenty of\b", "many"), (r"\bmake sure\b", "ensure"),
-    (r"\binstead of\b", "instead"), (r"\bas well as\b", "and"), (r"\bversus\b", "vs"),
-    (r"\bcompared (?:to|with)\b", "vs"), (r"\bmost recent\b", "last"), (r"\bthe latest\b", "the latest"),
-    (r"\bpick(?:ing)? up\b", "collect"), (r"\bcatch(?:ing)? up\b", "catchup"),
+    (r"\bturn(?:s|ed|ing)? on\b", "enable"),
+    (r"\bswitch(?:es|ed|ing)? on\b", "enable"),
+    (r"\bturn(?:s|ed|ing)? off\b", "disable"),
+    (r"\bswitch(?:es|ed|ing)? off\b", "disable"),
+    (r"\bspeed(?:s|ing)? up\b", "accelerate"),
+    (r"\bslow(?:s|ing)? down\b", "decelerate"),
+    (r"\bget(?:ting)? rid of\b", "remove"),
+    (r"\bset(?:ting)? up\b", "setup"),
+    (r"\blog(?:ging)? (?:in|into|on)\b", "login"),
+    (r"\bsign(?:ing)? (?:in|into|on)\b", "login"),
+    (r"\bsign(?:ing)? up\b", "signup"),
+    (r"\blog(?:ging)? out\b", "logout"),
+    (r"\bsign(?:ing)? out\b", "logout"),
+    (r"\bback(?:ing)? up\b", "backup"),
+    (r"\bfind out\b", "find"),
+    (r"\blook(?:ing)? up\b", "find"),
+    (r"\bfigure out\b", "find"),
+    (r"\bturn(?:s|ed|ing)? down\b", "decline"),
+    (r"\bget(?:ting)? ready\b", "prepare"),
+    (r"\bhow come\b", "why"),
+    (r"\bin order to\b", "to"),
+    (r"\ba lot of\b", "many"),
+    (r"\blots of\b", "many"),
+    (r"\bplenty of\b", "many"),
+    (r"\bmake sure\b", "ensure"),
+    (r"\binstead of\b", "instead"),
+    (r"\bas well as\b", "and"),
+    (r"\bversus\b", "vs"),
+    (r"\bcompared (?:to|with)\b", "vs"),
+    (r"\bmost recent\b", "last"),
+    (r"\bthe latest\b", "the latest"),
+    (r"\bpick(?:ing)? up\b", "collect"),
+    (r"\bcatch(?:ing)? up\b", "catchup"),
 ]
 
-_STOPWORDS = frozenset("""
+_STOPWORDS = frozenset(
+    """
 a an the this that these those it its it's i me my mine we us our ours you your yours he him his she
 her hers they them their theirs one's myself yourself itself themselves
 is am are was were be been being do does did doing done have has had having
@@ -108,200 +152,426 @@ to of in on at by for with from into onto about as than then so if or and but no
 up out over under again further once here there also too very just really actually basically
 what why how when where who whom whose which
 there's let s t d ll re ve m o y
-some any please pls thanks kindly hi hello hey ok okay plus
-""".split())
+some any please pls thanks kindly hi hello hey ok okay plus much many between
+""".split()
+)
 
 # Words that frame a request rather than name its content: ignored when looking for unmatched words.
-_FRAMING = frozenset("""
+_FRAMING = frozenset(
+    """
 tell explain describe share help know want need like wondering wonder looking trying try let
 way ways best good method methods steps step process guide tips tip advice idea ideas thing things
 simple simply easy easily quick quickly possible properly correctly right proper exactly
 someone somebody something anyone anybody anything question questions info information
 recommend suggest give show provide write make do get use doing using
-meaning mean means definition example examples
-""".split())
+meaning mean means definition example examples recipe instructions tutorial happen happening
+""".split()
+)
 
 # Synonym groups: words in one group count as the same word (matched after stemming).
 _SYNONYM_GROUPS = [
-    "buy purchase", "cheap inexpensive affordable budget lowcost", "big large huge",
-    "small little tiny", "fast quick rapid speedy speed", "fastest quickest", "faster quicker",
-    "fix repair solve resolve troubleshoot", "change update modify edit alter switch",
-    "delete remove erase", "create build generate produce make", "show display list view see",
-    "find locate search", "start begin launch commence", "stop halt quit exit", "receive get obtain",
-    "assist help support", "error issue problem bug fault glitch", "car vehicle automobile",
-    "doctor physician gp", "movie film", "phone smartphone mobile cellphone cell",
-    "laptop notebook", "picture photo image pic", "store shop", "trip journey vacation holiday",
-    "use utilize employ", "reboot restart", "correct right proper", "tip advice suggestion",
-    "recommend suggest", "cost price fee", "happen occur", "learn study",
-    "dict dictionary", "app application", "website site webpage", "email mail", "wifi wireless",
-    "tv television", "usa us america", "uk britain", "kid child children", "tall high",
-    "tallest highest", "increase raise boost grow", "decrease reduce lower lessen",
-    "normal typical usual average standard", "login signin", "setup configure configuration config",
-    "reply respond answer", "begin start", "end finish", "shipping delivery", "sea ocean",
-    "center centre middle", "color colour", "gray grey", "favorite favourite", "optimize optimise",
-    "organize organise", "program programming code coding", "enable activate", "disable deactivate",
-    "decline refuse reject", "invitation invite", "overheat hot heat", "world earth globe",
-    "amount quantity", "number count", "money cash funds", "purpose point", "job position role",
-    "ensure guarantee", "go golang", "js javascript", "py python",
-    "couch sofa", "fridge refrigerator", "tap faucet", "leak drip", "stovetop stove",
-    "downtown center", "skillet pan", "forgot forget", "reason cause", "cancellation cancel",
+    g.split()
+    for g in """
+    buy purchase | cheap inexpensive affordable budget lowcost | big large huge | small little tiny
+    | fast quick rapid speedy speed | fastest quickest | faster quicker | fix repair solve resolve
+    troubleshoot | change update modify edit alter switch | delete remove erase | create build
+    generate produce make | show display | view see | find locate search | start begin launch
+    commence | stop halt quit exit | receive get obtain | assist help support | error issue problem
+    bug fault glitch | car vehicle automobile | doctor physician gp | movie film | phone smartphone
+    mobile cellphone cell | laptop notebook | picture photo image pic | store shop | trip journey
+    vacation holiday | use utilize employ | reboot restart | correct right proper | tip advice
+    suggestion | recommend suggest | cost price fee | happen occur | learn study | dict dictionary |
+    app application | website site webpage | email mail | wifi wireless | tv television | usa us
+    america | uk britain | kid child children | tall high height | tallest highest | deep depth |
+    long length | wide width | heavy weight | strong strength | win winner | interesting fun cool |
+    merge combine concatenate join | translate say | stop prevent | symptom sign | lose missing |
+    ask request | each every per | substitute replacement alternative instead replace | mac macos
+    osx | increase raise boost grow | decrease reduce lower lessen | normal typical usual average
+    standard | login signin | setup configure configuration config | reply respond answer | begin
+    start | end finish | shipping delivery | sea ocean | center centre middle | color colour | gray
+    grey | favorite favourite | optimize optimise | organize organise | program programming code
+    coding | enable activate | disable deactivate | decline refuse reject | invitation invite |
+    overheat hot heat | world earth globe | amount quantity | number count | money cash funds |
+    purpose point | job position role | ensure guarantee | go golang | js javascript | py python |
+    couch sofa | fridge refrigerator | tap faucet | leak drip | stovetop stove | downtown center |
+    skillet pan | forgot forget | reason cause | cancellation cancel
+    """.split("|")
 ]
 
 # Opposites (matched after stemming). Generic prefix pairs are handled separately.
-_ANTONYM_PAIRS = [
-    ("increase", "decrease"), ("increase", "reduce"), ("raise", "lower"), ("rise", "fall"),
-    ("rising", "falling"), ("gain", "lose"), ("before", "after"), ("max", "min"),
-    ("maximum", "minimum"), ("maximize", "minimize"), ("buy", "sell"), ("hot", "cold"),
-    ("warm", "cold"), ("heat", "cool"), ("add", "remove"), ("add", "delete"), ("add", "subtract"),
-    ("enable", "disable"), ("upload", "download"), ("import", "export"), ("start", "stop"),
-    ("start", "end"), ("begin", "end"), ("open", "close"), ("open", "closed"), ("win", "lose"),
-    ("up", "down"), ("push", "pull"), ("input", "output"), ("above", "below"), ("over", "under"),
-    ("more", "less"), ("more", "fewer"), ("most", "least"), ("high", "low"), ("higher", "lower"),
-    ("highest", "lowest"), ("cheap", "expensive"), ("cheapest", "expensive"), ("fast", "slow"),
-    ("faster", "slower"), ("first", "last"), ("early", "late"), ("earliest", "latest"),
-    ("left", "right"), ("north", "south"), ("east", "west"), ("positive", "negative"),
-    ("true", "false"), ("accept", "reject"), ("allow", "block"), ("allow", "deny"),
-    ("include", "exclude"), ("inner", "outer"), ("ascending", "descending"), ("asc", "desc"),
-    ("forward", "backward"), ("front", "back"), ("lend", "borrow"), ("deposit", "withdraw"),
-    ("credit", "debit"), ("arrival", "departure"), ("arrive", "depart"), ("inbound", "outbound"),
-    ("incoming", "outgoing"), ("send", "receive"), ("success", "failure"), ("pro", "con"),
-    ("advantage", "disadvantage"), ("benefit", "risk"), ("benefit", "drawback"), ("best", "worst"),
-    ("better", "worse"), ("safe", "dangerous"), ("legal", "illegal"), ("odd", "even"),
-    ("light", "dark"), ("heavy", "light"), ("wet", "dry"), ("male", "female"), ("men", "women"),
-    ("man", "woman"), ("boy", "girl"), ("adult", "child"), ("past", "future"), ("old", "new"),
-    ("oldest", "newest"), ("young", "old"), ("big", "small"), ("large", "small"), ("long", "short"),
-    ("wide", "narrow"), ("thick", "thin"), ("soft", "hard"), ("strong", "weak"), ("sunrise", "sunset"),
-    ("join", "leave"), ("hire", "fire"), ("enter", "exit"), ("merge", "split"), ("top", "bottom"),
-    ("read", "write"), ("encode", "decode"), ("serialize", "deserialize"), ("plus", "minus"),
-    ("multiply", "divide"), ("always", "never"), ("all", "none"), ("many", "few"), ("love", "hate"),
-    ("internal", "external"), ("public", "private"), ("client", "server"), ("frontend", "backend"),
-    ("sync", "async"), ("static", "dynamic"), ("mutable", "immutable"), ("uppercase", "lowercase"),
-    ("upper", "lower"), ("prefix", "suffix"), ("head", "tail"), ("day", "night"), ("morning", "evening"),
-    ("summer", "winter"), ("spring", "autumn"), ("spring", "fall"), ("inhale", "exhale"),
-    ("import", "export"), ("win", "loss"), ("profit", "loss"), ("attack", "defend"), ("rich", "poor"),
-    ("healthy", "unhealthy"), ("good", "bad"), ("love", "dislike"), ("like", "dislike"),
-    ("accelerate", "decelerate"), ("login", "logout"), ("inside", "outside"), ("asleep", "awake"),
-    ("sleep", "wake"), ("full", "empty"), ("clean", "dirty"), ("easy", "hard"), ("easy", "difficult"),
-    ("easiest", "hardest"), ("strongest", "weakest"), ("biggest", "smallest"), ("largest", "smallest"),
-    ("longest", "shortest"), ("busiest", "quietest"), ("busy", "quiet"), ("expensive", "affordable"),
-    ("to", "from"), ("with", "without"), ("into", "from"), ("on", "off"), ("in", "out"),
-    ("keep", "discard"), ("keep", "delete"), ("save", "discard"), ("approve", "deny"),
-    ("agree", "disagree"), ("pass", "fail"), ("yes", "no"), ("online", "offline"), ("remote", "local"),
-    ("local", "remote"), ("raw", "cooked"), ("overcooked", "undercooked"), ("thaw", "freeze"),
-    ("husband", "wife"), ("parent", "child"), ("teacher", "student"), ("employer", "employee"),
-    ("landlord", "tenant"), ("buyer", "seller"), ("borrower", "lender"), ("debtor", "creditor"),
+_ANTONYM_PAIRS = _pairs(
+    """
+    increase/decrease increase/reduce raise/lower rise/fall rising/falling gain/lose before/after
+    max/min maximum/minimum maximize/minimize buy/sell hot/cold warm/cold heat/cool add/remove
+    add/delete add/subtract enable/disable upload/download import/export start/stop start/end
+    begin/end open/close open/closed win/lose up/down push/pull input/output above/below over/under
+    more/less more/fewer most/least high/low higher/lower highest/lowest cheap/expensive
+    cheapest/expensive fast/slow faster/slower first/last early/late earliest/latest left/right
+    north/south east/west positive/negative true/false accept/reject allow/block allow/deny
+    include/exclude inner/outer ascending/descending asc/desc forward/backward front/back
+    lend/borrow deposit/withdraw credit/debit arrival/departure arrive/depart inbound/outbound
+    incoming/outgoing send/receive success/failure pro/con advantage/disadvantage benefit/risk
+    benefit/drawback best/worst better/worse safe/dangerous legal/illegal odd/even light/dark
+    heavy/light wet/dry male/female men/women man/woman boy/girl adult/child past/future old/new
+    oldest/newest young/old big/small large/small long/short wide/narrow thick/thin soft/hard
+    strong/weak sunrise/sunset join/leave hire/fire enter/exit merge/split top/bottom read/write
+    encode/decode serialize/deserialize plus/minus multiply/divide always/never all/none many/few
+    love/hate internal/external public/private client/server frontend/backend sync/async
+    static/dynamic mutable/immutable uppercase/lowercase upper/lower prefix/suffix head/tail
+    day/night morning/evening summer/winter spring/autumn spring/fall inhale/exhale import/export
+    win/loss profit/loss attack/defend rich/poor healthy/unhealthy good/bad love/dislike
+    like/dislike accelerate/decelerate login/logout inside/outside asleep/awake sleep/wake
+    full/empty clean/dirty easy/hard easy/difficult easiest/hardest strongest/weakest
+    biggest/smallest largest/smallest longest/shortest busiest/quietest busy/quiet
+    expensive/affordable to/from into/from on/off in/out keep/discard keep/delete save/discard
+    approve/deny agree/disagree pass/fail yes/no online/offline remote/local local/remote raw/cooked
+    overcooked/undercooked thaw/freeze husband/wife parent/child teacher/student employer/employee
+    landlord/tenant buyer/seller borrower/lender debtor/creditor
+    """,
+    "/",
+)
+_PREFIX_SWAPS = [
+    ("in", "de"),
+    ("in", "ex"),
+    ("im", "ex"),
+    ("in", "out"),
+    ("up", "down"),
+    ("over", "under"),
+    ("pre", "post"),
+    ("en", "de"),
+    ("en", "dis"),
+    ("hyper", "hypo"),
+    ("max", "min"),
+    ("inter", "intra"),
+    ("ac", "de"),
+    ("ascend", "descend"),
 ]
-_PREFIX_SWAPS = [("in", "de"), ("in", "ex"), ("im", "ex"), ("in", "out"), ("up", "down"),
-                 ("over", "under"), ("pre", "post"), ("en", "de"), ("en", "dis"), ("hyper", "hypo"),
-                 ("max", "min"), ("inter", "intra"), ("ac", "de"), ("ascend", "descend")]
 _NEG_PREFIXES = ("un", "dis", "in", "im", "il", "ir", "non", "de", "anti", "counter")
 
-_NEGATIONS = frozenset({"not", "no", "never", "none", "nobody", "nothing", "nowhere", "neither",
-                        "nor", "without", "unable", "forgot", "forget", "forgotten", "lack", "lacks",
-                        "lacking", "fail", "fails", "failed", "failing"})
+# Irregular inflections the suffix stripper cannot see.
+_IRREGULAR = _mapping(
+    """
+    got>get gotten>get bought>buy won>win made>make took>take taken>take went>go gone>go ran>run
+    wrote>write written>write saw>see seen>see knew>know known>know ate>eat eaten>eat drank>drink
+    lost>lose sent>send paid>pay said>say sold>sell kept>keep felt>feel thought>think told>tell
+    found>find gave>give given>give broke>break broken>break chose>choose chosen>choose began>begin
+    begun>begin fell>fall fallen>fall grew>grow grown>grow forgotten>forgot people>person men>man
+    women>woman feet>foot teeth>tooth mice>mouse children>child bitten>bite hidden>hide driven>drive
+    drove>drive flew>fly flown>fly held>hold built>build spent>spend meant>mean met>meet
+    brought>bring caught>catch taught>teach sought>seek understood>understand stood>stand led>lead
+    slept>sleep woke>wake
+    """,
+    ">",
+)
+
+_NEGATIONS = frozenset(
+    {
+        "not",
+        "no",
+        "never",
+        "none",
+        "nobody",
+        "nothing",
+        "nowhere",
+        "neither",
+        "nor",
+        "without",
+        "unable",
+        "forgot",
+        "forget",
+        "forgotten",
+        "lack",
+        "lacks",
+        "lacking",
+        "fail",
+        "fails",
+        "failed",
+        "failing",
+    }
+)
 
 # Role-bearing prepositions: a shared word that changes role between these flips the relation.
-_ROLE_PREPS = {"from": "src", "to": "dst", "into": "dst", "onto": "dst", "toward": "dst",
-               "towards": "dst", "than": "cmp"}
+_ROLE_PREPS = {
+    "from": "src",
+    "to": "dst",
+    "into": "dst",
+    "onto": "dst",
+    "toward": "dst",
+    "towards": "dst",
+    "than": "cmp",
+}
 # Function words that can be the pivot of a swap ("X to Y", "X of Y"); content words always can.
-_PIVOT_FUNCTION_WORDS = frozenset({"to", "from", "into", "onto", "than", "by", "of", "over", "under",
-                                   "after", "before", "above", "below"})
+_PIVOT_FUNCTION_WORDS = frozenset(
+    {"to", "from", "into", "onto", "than", "by", "of", "over", "under", "after", "before", "above", "below"}
+)
+_CONJUNCTIONS = frozenset({"and", "or", "but", "while", "plus", "also", "except", "unless", "whereas"})
+_WH_WORDS = frozenset({"what", "why", "how", "when", "where", "who", "which", "whose", "whom"})
 # Connectives whose two sides can be swapped without changing the question.
 _SYMMETRIC = frozenset({"and", "or", "vs", "v", "with", "between", "nor", "&", "+", "plus", "versus"})
 
 _NUM_WORDS = {
-    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
-    "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
-    "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30,
-    "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
-    "dozen": 12, "half": 0.5, "twice": 2, "double": 2, "triple": 3, "single": 1,
+    k: float(v)
+    for k, v in _mapping(
+        """
+        zero=0 one=1 two=2 three=3 four=4 five=5 six=6 seven=7 eight=8 nine=9 ten=10 eleven=11
+        twelve=12 thirteen=13 fourteen=14 fifteen=15 sixteen=16 seventeen=17 eighteen=18 nineteen=19
+        twenty=20 thirty=30 forty=40 fifty=50 sixty=60 seventy=70 eighty=80 ninety=90 dozen=12
+        half=0.5 twice=2 double=2 triple=3 single=1
+        """,
+        "=",
+    ).items()
 }
 _SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000, "billion": 1_000_000_000}
 _ORDINALS = {
-    "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
-    "eighth": 8, "ninth": 9, "tenth": 10, "eleventh": 11, "twelfth": 12, "twentieth": 20,
-    "thirtieth": 30, "hundredth": 100,
+    k: int(v)
+    for k, v in _mapping(
+        """
+        first=1 second=2 third=3 fourth=4 fifth=5 sixth=6 seventh=7 eighth=8 ninth=9 tenth=10
+        eleventh=11 twelfth=12 twentieth=20 thirtieth=30 hundredth=100
+        """,
+        "=",
+    ).items()
 }
 # Values that mostly appear as words without being a quantity ("one of", "first time", "single page").
 _WEAK_VALUES = {1.0, 2.0}
 _WEAK_WORDS = frozenset({"one", "first", "single", "double", "twice", "half", "second"})
 
-_UNITS = {
-    "mg": "mg", "milligram": "mg", "milligrams": "mg", "g": "g", "gram": "g", "grams": "g", "gr": "g",
-    "kg": "kg", "kilo": "kg", "kilos": "kg", "kilogram": "kg", "kilograms": "kg", "lb": "lb",
-    "lbs": "lb", "pound": "lb", "pounds": "lb", "oz": "oz", "ounce": "oz", "ounces": "oz",
-    "ml": "ml", "milliliter": "ml", "milliliters": "ml", "millilitre": "ml", "l": "l", "liter": "l",
-    "liters": "l", "litre": "l", "litres": "l", "cup": "cup", "cups": "cup", "tbsp": "tbsp",
-    "tablespoon": "tbsp", "tablespoons": "tbsp", "tsp": "tsp", "teaspoon": "tsp", "teaspoons": "tsp",
-    "km": "km", "kilometer": "km", "kilometers": "km", "kilometre": "km", "kilometres": "km",
-    "mi": "mile", "mile": "mile", "miles": "mile", "m": "m", "meter": "m", "meters": "m", "metre": "m",
-    "metres": "m", "cm": "cm", "mm": "mm", "inch": "inch", "inches": "inch", "in": "inch",
-    "ft": "ft", "foot": "ft", "feet": "ft", "yard": "yard", "yards": "yard", "%": "%",
-    "percent": "%", "pct": "%", "gb": "gb", "mb": "mb", "tb": "tb", "kb": "kb", "ghz": "ghz",
-    "mhz": "mhz", "mph": "mph", "kph": "kmh", "kmh": "kmh", "w": "w", "watt": "w", "watts": "w",
-    "kw": "kw", "kwh": "kwh", "v": "v", "volt": "v", "volts": "v", "am": "am", "pm": "pm",
-    "sec": "s", "second": "s", "seconds": "s", "s": "s", "min": "min", "mins": "min",
-    "minute": "min", "minutes": "min", "h": "h", "hr": "h", "hrs": "h", "hour": "h", "hours": "h",
-    "day": "day", "days": "day", "week": "week", "weeks": "week", "month": "month", "months": "month",
-    "year": "year", "years": "year", "yr": "year", "yrs": "year", "$": "usd", "usd": "usd",
-    "dollar": "usd", "dollars": "usd", "€": "eur", "eur": "eur", "euro": "eur", "euros": "eur",
-    "£": "gbp", "gbp": "gbp", "quid": "gbp", "¥": "jpy", "yen": "jpy", "jpy": "jpy",
-    "°": "deg", "degree": "deg", "degrees": "deg", "deg": "deg", "k": "thousand",
-}
+_UNITS = _mapping(
+    """
+    mg=mg milligram=mg milligrams=mg g=g gram=g grams=g gr=g kg=kg kilo=kg kilos=kg kilogram=kg
+    kilograms=kg lb=lb lbs=lb pound=lb pounds=lb oz=oz ounce=oz ounces=oz ml=ml milliliter=ml
+    milliliters=ml millilitre=ml l=l liter=l liters=l litre=l litres=l cup=cup cups=cup tbsp=tbsp
+    tablespoon=tbsp tablespoons=tbsp tsp=tsp teaspoon=tsp teaspoons=tsp km=km kilometer=km
+    kilometers=km kilometre=km kilometres=km mi=mile mile=mile miles=mile m=m meter=m meters=m
+    metre=m metres=m cm=cm mm=mm inch=inch inches=inch in=inch ft=ft foot=ft feet=ft yard=yard
+    yards=yard %=% percent=% pct=% gb=gb mb=mb tb=tb kb=kb ghz=ghz mhz=mhz mph=mph kph=kmh kmh=kmh
+    w=w watt=w watts=w kw=kw kwh=kwh v=v volt=v volts=v am=am pm=pm sec=s second=s seconds=s s=s
+    min=min mins=min minute=min minutes=min h=h hr=h hrs=h hour=h hours=h day=day days=day week=week
+    weeks=week month=month months=month year=year years=year yr=year yrs=year $=usd usd=usd
+    dollar=usd dollars=usd €=eur eur=eur euro=eur euros=eur £=gbp gbp=gbp quid=gbp ¥=jpy yen=jpy
+    jpy=jpy °=deg degree=deg degrees=deg deg=deg k=thousand
+    """,
+    "=",
+)
 _TEMP_SCALES = {"c": "degC", "celsius": "degC", "centigrade": "degC", "f": "degF", "fahrenheit": "degF"}
 _CURRENCY_PREFIX = {"$", "€", "£", "¥"}
 
 _WEEKDAYS = {
-    "monday": "mon", "tuesday": "tue", "wednesday": "wed", "thursday": "thu", "friday": "fri",
-    "saturday": "sat", "sunday": "sun", "mondays": "mon", "tuesdays": "tue", "wednesdays": "wed",
-    "thursdays": "thu", "fridays": "fri", "saturdays": "sat", "sundays": "sun",
+    "monday": "mon",
+    "tuesday": "tue",
+    "wednesday": "wed",
+    "thursday": "thu",
+    "friday": "fri",
+    "saturday": "sat",
+    "sunday": "sun",
+    "mondays": "mon",
+    "tuesdays": "tue",
+    "wednesdays": "wed",
+    "thursdays": "thu",
+    "fridays": "fri",
+    "saturdays": "sat",
+    "sundays": "sun",
 }
-_WEEKDAY_ABBR = {"mon": "mon", "tue": "tue", "tues": "tue", "wed": "wed", "thu": "thu", "thur": "thu",
-                 "thurs": "thu", "fri": "fri", "sat": "sat", "sun": "sun"}
+_WEEKDAY_ABBR = {
+    "mon": "mon",
+    "tue": "tue",
+    "tues": "tue",
+    "wed": "wed",
+    "thu": "thu",
+    "thur": "thu",
+    "thurs": "thu",
+    "fri": "fri",
+    "sat": "sat",
+    "sun": "sun",
+}
 _MONTHS = {
-    "january": 1, "february": 2, "march": 3, "april": 4, "may": 5, "june": 6, "july": 7,
-    "august": 8, "september": 9, "october": 10, "november": 11, "december": 12, "jan": 1, "feb": 2,
-    "mar": 3, "apr": 4, "jun": 6, "jul": 7, "aug": 8, "sep": 9, "sept": 9, "oct": 10, "nov": 11,
+    "january": 1,
+    "february": 2,
+    "march": 3,
+    "april": 4,
+    "may": 5,
+    "june": 6,
+    "july": 7,
+    "august": 8,
+    "september": 9,
+    "october": 10,
+    "november": 11,
+    "december": 12,
+    "jan": 1,
+    "feb": 2,
+    "mar": 3,
+    "apr": 4,
+    "jun": 6,
+    "jul": 7,
+    "aug": 8,
+    "sep": 9,
+    "sept": 9,
+    "oct": 10,
+    "nov": 11,
     "dec": 12,
 }
 # Month names that are also ordinary words: counted only when capitalized mid-sentence or next to a
 # number or after a time preposition.
-_AMBIGUOUS_MONTHS = frozenset({"may", "march", "jan", "mar", "jun", "jul", "aug", "sep", "oct", "nov",
-                               "dec", "apr", "feb", "sept"})
-_TIME_PREPS = frozenset({"in", "of", "on", "by", "until", "till", "since", "during", "early", "late",
-                         "mid", "before", "after", "from", "to", "this", "next", "last", "every"})
+_AMBIGUOUS_MONTHS = frozenset(
+    {"may", "march", "jan", "mar", "jun", "jul", "aug", "sep", "oct", "nov", "dec", "apr", "feb", "sept"}
+)
+_TIME_PREPS = frozenset(
+    {
+        "in",
+        "of",
+        "on",
+        "by",
+        "until",
+        "till",
+        "since",
+        "during",
+        "early",
+        "late",
+        "mid",
+        "before",
+        "after",
+        "from",
+        "to",
+        "this",
+        "next",
+        "last",
+        "every",
+    }
+)
 _RELATIVE_TIME = {
-    "today": "today", "tonight": "tonight", "tomorrow": "tomorrow", "yesterday": "yesterday",
-    "weekend": "weekend", "weekends": "weekend", "weekday": "weekday", "weekdays": "weekday",
-    "morning": "morning", "mornings": "morning", "afternoon": "afternoon", "evening": "evening",
-    "evenings": "evening", "noon": "noon", "midnight": "midnight", "night": "night",
-    "nights": "night", "overnight": "night", "christmas": "christmas", "easter": "easter",
-    "thanksgiving": "thanksgiving", "halloween": "halloween",
-    "summer": "summer", "winter": "winter", "autumn": "autumn",
+    "today": "today",
+    "tonight": "tonight",
+    "tomorrow": "tomorrow",
+    "yesterday": "yesterday",
+    "weekend": "weekend",
+    "weekends": "weekend",
+    "weekday": "weekday",
+    "weekdays": "weekday",
+    "morning": "morning",
+    "mornings": "morning",
+    "afternoon": "afternoon",
+    "evening": "evening",
+    "evenings": "evening",
+    "noon": "noon",
+    "midnight": "midnight",
+    "night": "night",
+    "nights": "night",
+    "overnight": "night",
+    "christmas": "christmas",
+    "easter": "easter",
+    "thanksgiving": "thanksgiving",
+    "halloween": "halloween",
+    "summer": "summer",
+    "winter": "winter",
+    "autumn": "autumn",
 }
 _SEASON_AMBIGUOUS = {"spring": "spring", "fall": "autumn"}
-_TIME_UNITS = frozenset({"week", "month", "year", "weekend", "quarter", "season", "time", "semester",
-                         "summer", "winter", "autumn", "spring", "fall", "night", "morning", "evening",
-                         "decade", "century"} | set(_WEEKDAYS) | set(_MONTHS))
+_TIME_UNITS = frozenset(
+    {
+        "week",
+        "month",
+        "year",
+        "weekend",
+        "quarter",
+        "season",
+        "time",
+        "semester",
+        "summer",
+        "winter",
+        "autumn",
+        "spring",
+        "fall",
+        "night",
+        "morning",
+        "evening",
+        "decade",
+        "century",
+    }
+    | set(_WEEKDAYS)
+    | set(_MONTHS)
+)
 _TIME_DEICTIC = frozenset({"next", "last", "this", "previous", "coming", "past", "upcoming"})
 
-_AUX_START = frozenset({"is", "are", "was", "were", "do", "does", "did", "can", "could", "should",
-                        "would", "will", "shall", "may", "might", "must", "have", "has", "had", "am"})
-_HOW_MEASURE = frozenset({"much", "many", "long", "far", "old", "big", "tall", "deep", "fast",
-                          "often", "large", "heavy", "high", "wide", "soon", "early", "late",
-                          "expensive", "hot", "cold", "strong", "safe", "likely", "common", "bad"})
+_AUX_START = frozenset(
+    {
+        "is",
+        "are",
+        "was",
+        "were",
+        "do",
+        "does",
+        "did",
+        "can",
+        "could",
+        "should",
+        "would",
+        "will",
+        "shall",
+        "may",
+        "might",
+        "must",
+        "have",
+        "has",
+        "had",
+        "am",
+    }
+)
+_HOW_MEASURE = frozenset(
+    {
+        "much",
+        "many",
+        "long",
+        "far",
+        "old",
+        "big",
+        "tall",
+        "deep",
+        "fast",
+        "often",
+        "large",
+        "heavy",
+        "high",
+        "wide",
+        "soon",
+        "early",
+        "late",
+        "expensive",
+        "hot",
+        "cold",
+        "strong",
+        "safe",
+        "likely",
+        "common",
+        "bad",
+    }
+)
 # "what ..." openings that are really another question type.
 _WHAT_AS = [
-    (re.compile(r"\bwhat (?:is|are|was|were)? ?(?:the )?(?:main )?(?:reasons?|causes?) (?:for|of|why|behind)\b"), "why"),
+    (
+        re.compile(
+            r"\bwhat (?:is|are|was|were)? ?(?:the )?(?:main )?(?:reasons?|causes?) (?:for|of|why|behind)\b"
+        ),
+        "why",
+    ),
     (re.compile(r"\bwhat (?:causes|caused|makes|made|leads to|led to)\b"), "why"),
     (re.compile(r"\bfor what reason\b"), "why"),
-    (re.compile(r"\bwhat (?:is|are) (?:the )?(?:best |right |proper |easiest |quickest |fastest |correct |simplest )?(?:way|ways|steps|process|procedure|method)\b"), "how"),
+    (
+        re.compile(
+            r"\bwhat (?:is|are) (?:the )?"
+            r"(?:best |right |proper |easiest |quickest |fastest |correct |simplest )?"
+            r"(?:way|ways|steps|process|procedure|method)\b"
+        ),
+        "how",
+    ),
     (re.compile(r"\bwhat (?:time|day|date|year|month)\b(?! zone)"), "when"),
     (re.compile(r"\bwhat (?:is|are) (?:the )?(?:cost|price|number|amount|count)\b"), "how_much"),
     (re.compile(r"\bin (?:what|which) (?:city|country|place|town|state|region)\b"), "where"),
 ]
 
-_TOKEN_RE = re.compile(r"\d+(?:[.,:/]\d+)*(?:st|nd|rd|th)?|[a-z0-9]+(?:'[a-z]+)*|[%$€£¥°&+]", re.I)
+_TOKEN_RE = re.compile(r"\d+(?:[.,:/]\d+)*(?:st|nd|rd|th)?|[a-z0-9]+(?:'[a-z]+)*|[%$€£¥°&+]|[,;:?!.]", re.I)
+# Clause boundaries (punctuation) become this marker: fronted phrases ("Madrid weather, how do I
+# check it?") must not look like swapped arguments.
+_BOUNDARY = "|"
 _NUMBERISH = re.compile(r"^\d+(?:[.,:/]\d+)*$")
 _ORDINAL_DIGITS = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
 _NUM_UNIT = re.compile(r"^(\d+(?:\.\d+)?)([a-z%°]+)$")
@@ -341,7 +611,7 @@ def _stem(w: str) -> str:
 def _build_synonyms() -> dict[str, str]:
     out: dict[str, str] = {}
     for group in _SYNONYM_GROUPS:
-        words = group.split()
+        words = group
         head = _stem(words[0])
         for w in words:
             out.setdefault(_stem(w), head)
@@ -508,10 +778,10 @@ def analyze(text: str) -> Analysis:
     t = re.sub(r"(?<=\d),(?=\d{3}\b)", "", t)
     free_count = len(re.findall(r"\b[a-z]+-free\b", t, re.I))
     t = re.sub(r"\b([a-z]+)-free\b", r"\1", t, flags=re.I)
-    # Hyphenated words join ("e-mail" == "email", "Wi-Fi" == "wifi") except number-word ranges.
-    t_joined = re.sub(r"(?<=[A-Za-z])-(?=[A-Za-z])", "", t)
-    orig_tokens = _TOKEN_RE.findall(t_joined)
-    low = _expand_contractions(t_joined.lower())
+    # Hyphens split words ("three-day" -> "three day"); "e-mail" still matches "email" through the
+    # split-word check in content_diff.
+    orig_tokens = _TOKEN_RE.findall(t)
+    low = _expand_contractions(t.lower())
     for pat, rep in _PHRASES:
         low = re.sub(pat, rep, low)
     raw = _TOKEN_RE.findall(low)
@@ -519,15 +789,20 @@ def analyze(text: str) -> Analysis:
     words: list[str] = []
     for w in raw:
         m = _NUM_UNIT.match(w)
-        if m and (m.group(2) in _UNITS or m.group(2) in _TEMP_SCALES or m.group(2) in ("st", "nd", "rd", "th")):
+        if m and (
+            m.group(2) in _UNITS or m.group(2) in _TEMP_SCALES or m.group(2) in ("st", "nd", "rd", "th")
+        ):
             if m.group(2) in ("st", "nd", "rd", "th"):
                 words.append(m.group(1))
             else:
                 words.extend([m.group(1), m.group(2)])
         else:
             words.append(w)
-    words = ["plus" if w == "+" else w.replace("'", "") for w in words]
-    norm = " ".join(words)
+    words = [
+        "plus" if w == "+" else _BOUNDARY if w in ",;:?!." else _IRREGULAR.get(w, w).replace("'", "")
+        for w in words
+    ]
+    norm = " ".join(w for w in words if w != _BOUNDARY)
 
     # Capitalization of the original: proper nouns and acronyms (not sentence-initial, not "I").
     caps: set[str] = set()
@@ -537,8 +812,10 @@ def analyze(text: str) -> Analysis:
             sentence_start = True
             continue
         o = ot.replace("'", "")
-        if (o[:1].isupper() and not sentence_start and o.lower() != "i") or (len(o) >= 2 and o.isupper()) or (
-            any(c.isupper() for c in o[1:]) and any(c.islower() for c in o)
+        if (
+            (o[:1].isupper() and not sentence_start and o.lower() != "i")
+            or (len(o) >= 2 and o.isupper())
+            or (any(c.isupper() for c in o[1:]) and any(c.islower() for c in o))
         ):
             caps.add(o.lower())
         sentence_start = False
@@ -561,16 +838,20 @@ def analyze(text: str) -> Analysis:
         if unit == "thousand":
             val *= 1000
             unit = None
-        quantities.append((f"{val:g}", unit, weak and val in _WEAK_VALUES))
+        # 1 is as often "a"/"an" as a quantity ("a pound" vs "1 lb"): it never vetoes on its own.
+        quantities.append((f"{val:g}", unit, (weak and val in _WEAK_VALUES) or val == 1.0))
 
     codes = frozenset(
-        w for i, w in enumerate(words)
+        w
+        for i, w in enumerate(words)
         if i not in num_pos and any(c.isdigit() for c in w) and not _NUMBERISH.match(w)
     ) | frozenset(w for w in words if "/" in w or ":" in w)
 
     # Dates and times.
     times: set[str] = set()
+    time_pos: set[int] = set()
     for i, w in enumerate(words):
+        before = len(times)
         prev = words[i - 1] if i > 0 else ""
         nxt = words[i + 1] if i + 1 < len(words) else ""
         near_num = bool(_NUMBERISH.match(prev) or _NUMBERISH.match(nxt) or _ORDINAL_DIGITS.match(nxt))
@@ -587,8 +868,11 @@ def analyze(text: str) -> Analysis:
             times.add(_RELATIVE_TIME[w])
         elif w in _SEASON_AMBIGUOUS and prev in _TIME_PREPS | {"the"}:
             times.add(_SEASON_AMBIGUOUS[w])
+        if len(times) > before:
+            time_pos.add(i)
         if w in _TIME_DEICTIC and nxt and (nxt in _TIME_UNITS or _stem(nxt) in _TIME_UNITS):
             times.add(f"{'this' if w in ('this', 'coming', 'upcoming') else w}:{_stem(nxt)}")
+            time_pos.update((i, i + 1))
 
     # Question type.
     qtypes: set[str] = set()
@@ -604,24 +888,35 @@ def analyze(text: str) -> Analysis:
         elif w == "when":
             qtypes.add("when")
         elif w == "where":
-            qtypes.add("where")
+            # "where do I report a bug" asks for a procedure as much as "how do I report a bug".
+            procedural = (
+                nxt in ("do", "can", "should") and i + 2 < len(words) and words[i + 2] in ("i", "we", "you")
+            )
+            qtypes.add("where_how" if procedural else "where")
         elif w in ("who", "whom", "whose"):
             qtypes.add("who")
     yesno = bool(words) and words[0] in _AUX_START and not qtypes
 
     negations = sum(1 for w in words if w in _NEGATIONS) + free_count
 
-    skip = num_pos | unit_pos
+    skip = num_pos | unit_pos | time_pos
     tokens: list[Token] = []
     for i, w in enumerate(words):
         if not w or w in "%$€£¥°&+":
             continue
+        if w == _BOUNDARY:
+            tokens.append(Token(w, w, False, False, False))
+            continue
         stem = _canon(_stem(w))
-        is_num = i in skip
-        content = not is_num and w not in _STOPWORDS and stem not in _STOP_STEMS and w not in _NEGATIONS
-        content = content and w not in _WEEKDAYS and w not in _RELATIVE_TIME and stem not in _FRAMING_STEMS
+        # Stopword and framing lists apply to the word itself, not its synonym group: "make" frames
+        # a request, "create" (same group) does not.
+        raw_stem = _stem(w)
+        content = (
+            i not in skip and w not in _STOPWORDS and raw_stem not in _STOP_STEMS and w not in _NEGATIONS
+        )
+        content = content and raw_stem not in _FRAMING_STEMS
         specific = content and (w in caps or any(c.isdigit() for c in w))
-        anchor = content or (i in num_pos) or w in _WEEKDAYS or w in _MONTHS
+        anchor = content or (i in num_pos) or (i in time_pos and (w in _WEEKDAYS or w in _MONTHS))
         tokens.append(Token(w, stem, specific, content, anchor))
     return Analysis(
         norm=norm,
@@ -632,7 +927,7 @@ def analyze(text: str) -> Analysis:
         times=frozenset(times),
         qtypes=frozenset(qtypes),
         yesno=yesno,
-        words=Counter(_canon(_stem(w)) for w in words),
+        words=Counter(_canon(_stem(w)) for w in words if w != _BOUNDARY),
     )
 
 
@@ -687,8 +982,16 @@ def _rule_date(a: Analysis, b: Analysis) -> str | None:
 _SPECIFIC_Q = frozenset({"why", "how", "when", "where", "who", "how_much"})
 
 
+def _qset(x: Analysis) -> frozenset[str]:
+    q = set(x.qtypes)
+    if "where_how" in q:
+        q.discard("where_how")
+        q.update(("where", "how"))
+    return frozenset(q) & _SPECIFIC_Q
+
+
 def _rule_question(a: Analysis, b: Analysis) -> str | None:
-    qa, qb = a.qtypes & _SPECIFIC_Q, b.qtypes & _SPECIFIC_Q
+    qa, qb = _qset(a), _qset(b)
     if qa and qb and not (qa & qb):
         return f"question {sorted(qa)} vs {sorted(qb)}"
     # A yes/no question and a why/when/where/who/how-much question want different answers;
@@ -707,7 +1010,7 @@ def _prefix_opposite(u: str, v: str) -> bool:
             return True
     for p, q in _PREFIX_SWAPS:
         for x, y in ((u, v), (v, u)):
-            if x.startswith(p) and y.startswith(q) and x[len(p):] == y[len(q):] and len(x) - len(p) >= 3:
+            if x.startswith(p) and y.startswith(q) and x[len(p) :] == y[len(q) :] and len(x) - len(p) >= 3:
                 return True
     for x, y in ((u, v), (v, u)):
         if x.endswith("ful") and y.endswith("less") and x[:-3] == y[:-4]:
@@ -742,6 +1045,15 @@ def _roles(x: Analysis) -> dict[str, str]:
     return out
 
 
+def _kind(a: Analysis, b: Analysis, ia: int, ib: int) -> str:
+    """num / name / word; a name capitalized mid-sentence on either side counts (sentence-initial
+    capitals say nothing)."""
+    ta, tb = a.tokens[ia], b.tokens[ib]
+    if not ta.content:
+        return "num"
+    return "name" if ta.specific or tb.specific else "word"
+
+
 def _rule_direction(a: Analysis, b: Analysis) -> str | None:
     def positions(x: Analysis) -> dict[str, list[int]]:
         pos: dict[str, list[int]] = {}
@@ -752,7 +1064,8 @@ def _rule_direction(a: Analysis, b: Analysis) -> str | None:
     pa, pb = positions(a), positions(b)
     # Words that occur once on each side; numbers and weekdays count ("12 divided by 4").
     anchors = [
-        s for s, ps in pa.items()
+        s
+        for s, ps in pa.items()
         if len(ps) == 1 and len(pb.get(s, ())) == 1 and a.tokens[ps[0]].anchor and b.tokens[pb[s][0]].anchor
     ]
     ra, rb = _roles(a), _roles(b)
@@ -760,12 +1073,14 @@ def _rule_direction(a: Analysis, b: Analysis) -> str | None:
         if s in ra and s in rb and ra[s] != rb[s]:
             return f"role of {s!r}: {ra[s]} vs {rb[s]}"
 
-    def pivots(x: Analysis, lo: int, hi: int) -> set[str]:
+    def pivots(x: Analysis, lo: int, hi: int, content_ok: bool) -> set[str] | None:
         out = set()
         for t in x.tokens[lo + 1 : hi]:
             if t.text in _SYMMETRIC:
-                return set()  # "X and Y", "X vs Y": swapping the sides is harmless
-            if t.content or t.text in _PIVOT_FUNCTION_WORDS:
+                return None  # "X and Y", "X vs Y": swapping the sides is harmless
+            if t.text == _BOUNDARY or t.text in _WH_WORDS:
+                return None  # a fronted phrase ("Madrid weather, how do I check it?"), not a swap
+            if t.text in _PIVOT_FUNCTION_WORDS or (content_ok and t.content):
                 out.add(t.stem)
         return out
 
@@ -774,8 +1089,14 @@ def _rule_direction(a: Analysis, b: Analysis) -> str | None:
             ax, ay, bx, by = pa[x][0], pa[y][0], pb[x][0], pb[y][0]
             if (ax < ay) == (bx < by):
                 continue
-            common = pivots(a, min(ax, ay), max(ax, ay)) & pivots(b, min(bx, by), max(bx, by))
-            common -= {x, y}
+            # A content word in between is a pivot ("Alice owes Bob", "dog eat cat food") only for
+            # two words of the same kind; "format a date in Java" vs "Java date formatting" is not.
+            content_ok = _kind(a, b, ax, bx) == _kind(a, b, ay, by)
+            pa_set = pivots(a, min(ax, ay), max(ax, ay), content_ok)
+            pb_set = pivots(b, min(bx, by), max(bx, by), content_ok)
+            if pa_set is None or pb_set is None:
+                continue
+            common = (pa_set & pb_set) - {x, y}
             if common:
                 return f"{x!r} and {y!r} swap around {sorted(common)[0]!r}"
     return None
@@ -870,12 +1191,30 @@ class RuleVerifier:
         diff = content_diff(a, b)
         if not diff.only_a and not diff.only_b:
             ok = similarity >= s.accept_clean
-            return Verdict(ok, "content_clean", similarity, f"all content words matched; cosine {similarity:.3f} vs {s.accept_clean}")
+            return Verdict(
+                ok,
+                "content_clean",
+                similarity,
+                f"all content words matched; cosine {similarity:.3f} vs {s.accept_clean}",
+            )
         detail = f"unmatched {list(diff.only_a)} vs {list(diff.only_b)}"
         if diff.only_a and diff.only_b:
             n = max(len(diff.only_a), len(diff.only_b))
             ok = not diff.specific and n <= s.max_substituted and similarity >= s.accept_substituted
-            return Verdict(ok, "content_substituted", similarity, f"{detail}; cosine {similarity:.3f} vs {s.accept_substituted}")
+            return Verdict(
+                ok,
+                "content_substituted",
+                similarity,
+                f"{detail}; cosine {similarity:.3f} vs {s.accept_substituted}",
+            )
+        # Extra words joined by a conjunction only one side has ("horizontally and vertically",
+        # "... but keep the changes") add a requirement: a wider question, never the same one.
+        extra = (a.words - b.words) if diff.only_a else (b.words - a.words)
+        conj = sorted(set(extra) & _CONJUNCTIONS)
+        if conj:
+            return Verdict(False, "content_added", similarity, f"{detail}; added clause with {conj[0]!r}")
         n = len(diff.only_a) + len(diff.only_b)
         ok = not diff.specific and n <= s.max_added and similarity >= s.accept_added
-        return Verdict(ok, "content_added", similarity, f"{detail}; cosine {similarity:.3f} vs {s.accept_added}")
+        return Verdict(
+            ok, "content_added", similarity, f"{detail}; cosine {similarity:.3f} vs {s.accept_added}"
+        )

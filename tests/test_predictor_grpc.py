@@ -94,7 +94,8 @@ async def test_grpc_raw_messages_utf8_float_params_unknown_model(predictor: Pred
             await stub.ModelInfer(bad)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "UTF-8" in err.value.details()
-        # KServe's client cannot encode float parameters; real v2 clients send double_param.
+        # KServe's v2 proto has no double parameter: floats travel as strings (or in the
+        # sampling_parameters JSON input); "-1.0" must still be read as a number and refused.
         cold = pb.ModelInferRequest(
             model_name="llm",
             inputs=[
@@ -103,13 +104,13 @@ async def test_grpc_raw_messages_utf8_float_params_unknown_model(predictor: Pred
                     contents=pb.InferTensorContents(bytes_contents=[b"hi"]),
                 )
             ],
-            parameters={"temperature": pb.InferParameter(double_param=-1.0)},
+            parameters={"temperature": pb.InferParameter(string_param="-1.0")},
         )
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.ModelInfer(cold)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "temperature" in err.value.details()
-        cold.parameters["temperature"].double_param = 0.0
+        cold.parameters["temperature"].string_param = "0"
         cold.parameters["max_tokens"].int64_param = 3
         ok = await stub.ModelInfer(cold)
         assert [o.name for o in ok.outputs][:1] == ["text_output"]
