@@ -13,8 +13,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from cache.embedder import BACKENDS, Embedder, EmbedderSettings
 
 PROMPTS = [
@@ -52,39 +50,41 @@ def _pct(xs: Sequence[float], q: float) -> float:
 
 
 def bench(backends: Sequence[str], iters: int, threads: int, max_length: int) -> list[dict[str, float | str]]:
+    """All backends are loaded first and then measured in interleaved rounds, so load from other
+    processes on a shared machine hits every backend alike."""
+    embedders = [
+        Embedder(EmbedderSettings(backend=b, threads=threads, max_length=max_length, lru_size=0))
+        for b in backends
+    ]
+    ref = embedders[0].embed_many(PROMPTS, batch_size=1)
+    cos = [(e.embed_many(PROMPTS, batch_size=1) * ref).sum(axis=1) for e in embedders]
+    for e in embedders:  # warm-up
+        e.embed_many(PROMPTS[:4], batch_size=1)
+    single: list[list[float]] = [[] for _ in embedders]
+    batch: list[list[float]] = [[] for _ in embedders]
+    rounds = max(1, iters // 20)
+    for r in range(rounds):
+        for k, e in enumerate(embedders):
+            for i in range(20):
+                text = PROMPTS[(r * 20 + i) % len(PROMPTS)]
+                single[k].extend(_time(lambda e=e, text=text: e.embed_many([text]), 1))
+            batch[k].extend(_time(lambda e=e: e.embed_many(PROMPTS, batch_size=16), 2))
     rows: list[dict[str, float | str]] = []
-    ref: np.ndarray | None = None
-    for backend in backends:
-        emb = Embedder(EmbedderSettings(backend=backend, threads=threads, max_length=max_length, lru_size=0))
-        vecs = emb.embed_many(PROMPTS, batch_size=1)
-        if ref is None:
-            ref = vecs
-        cos = (vecs * ref).sum(axis=1)
-        for p in PROMPTS[:4]:  # warm-up
-            emb.embed_many([p])
-        i = 0
-
-        def one(emb: Embedder = emb) -> None:
-            nonlocal i
-            emb.embed_many([PROMPTS[i % len(PROMPTS)]])
-            i += 1
-
-        single = _time(one, iters)
-        batch = _time(lambda emb=emb: emb.embed_many(PROMPTS, batch_size=16), max(5, iters // 10))
+    for k, e in enumerate(embedders):
         rows.append(
             {
-                "backend": emb.backend,
-                "p50_ms": statistics.median(single),
-                "p99_ms": _pct(single, 0.99),
-                "batch16_ms": statistics.median(batch),
-                "min_cos": float(cos.min()),
-                "mean_cos": float(cos.mean()),
+                "backend": e.backend,
+                "p50_ms": statistics.median(single[k]),
+                "p99_ms": _pct(single[k], 0.99),
+                "batch16_ms": statistics.median(batch[k]),
+                "min_cos": float(cos[k].min()),
+                "mean_cos": float(cos[k].mean()),
             }
         )
     base = rows[0]
-    for r in rows:
-        r["p50_x"] = float(base["p50_ms"]) / float(r["p50_ms"])
-        r["batch16_x"] = float(base["batch16_ms"]) / float(r["batch16_ms"])
+    for row in rows:
+        row["p50_x"] = float(base["p50_ms"]) / float(row["p50_ms"])
+        row["batch16_x"] = float(base["batch16_ms"]) / float(row["batch16_ms"])
     return rows
 
 

@@ -207,7 +207,7 @@ def main(args: argparse.Namespace) -> int:
     vllm_cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", "llm", "--host", "127.0.0.1", "--port", str(p_vllm),
-        "--max-num-seqs", str(max_seqs), "--disable-log-requests", *common,
+        "--max-num-seqs", str(max_seqs), *common,
     ]
     import torch
 

@@ -23,6 +23,7 @@ next to the verifier, on the same embeddings.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import uuid
@@ -315,7 +316,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-category", action="store_true", help="per-category figures of the verifier")
     parser.add_argument("--mistakes", action="store_true", help="list the pairs the verifier got wrong")
     parser.add_argument("--outcomes", action="store_true", help="with --json: every pair's decision")
-    parser.add_argument("--knn-floor", type=float, default=0.70, help="CacheSettings.min_similarity")
+    parser.add_argument(
+        "--knn-floor", type=float, default=None, help="KNN floor (default: CacheSettings.min_similarity)"
+    )
+    parser.add_argument(
+        "--through-cache",
+        action="store_true",
+        help="also run every pair through the real SemanticCache on a private, temporary Redis",
+    )
     EmbedderSettings.add_arguments(parser)
     VerifierSettings.add_arguments(parser)
 
@@ -329,16 +337,21 @@ def run(args: argparse.Namespace) -> int:
         if args.pairs
         else [(s, SPLITS[s]) for s in (("eval", "tune") if args.split == "both" else (args.split,))]
     )
+    from cache.settings import CacheSettings
+
     embedder = Embedder(EmbedderSettings.from_namespace(args))
     verifier = RuleVerifier(VerifierSettings.from_namespace(args))
+    knn_floor = args.knn_floor if args.knn_floor is not None else CacheSettings().min_similarity
     doc: dict[str, Any] = {"embedder_backend": embedder.backend, "splits": {}}
     text: list[str] = []
     ok = True
     for name, path in files:
         pairs = load_pairs(path)
         sims = pair_similarities(pairs, embedder)
-        main = evaluate_offline(pairs, verifier=verifier, similarities=sims, knn_floor=args.knn_floor)
+        main = evaluate_offline(pairs, verifier=verifier, similarities=sims, knn_floor=knn_floor)
         reports = [main, *(evaluate_threshold(pairs, sims, t) for t in BASELINE_THRESHOLDS)]
+        if args.through_cache:
+            reports.append(_run_through_private_redis(pairs, embedder, verifier, knn_floor))
         ok = ok and main.meets_goal
         doc["splits"][name] = {r.name: r.as_dict(with_outcomes=args.outcomes and r is main) for r in reports}
         text.append(
@@ -362,6 +375,39 @@ def run(args: argparse.Namespace) -> int:
         )
         print("\n\n".join(text))
     return 0 if ok else 1
+
+
+def _run_through_private_redis(
+    pairs: Sequence[Pair], embedder: Any, verifier: Verifier, knn_floor: float
+) -> Report:
+    """Start a throw-away Redis (the bundled server), run evaluate_through_cache, stop it."""
+    import tempfile
+
+    from cache.policy import SemanticCache
+    from cache.redis_server import RedisServer, free_port
+    from cache.settings import CacheSettings
+    from cache.store import RedisCacheStore
+
+    with tempfile.TemporaryDirectory(prefix="semserve-eval-redis-") as tmp:
+        server = RedisServer(port=free_port(), data_dir=tmp)
+        server.start()
+        try:
+            settings = CacheSettings(
+                redis_url=server.url,
+                deployment="eval",
+                min_similarity=knn_floor,
+                lookup_timeout_ms=5000.0,  # a shared, loaded machine must not turn lookups into errors
+                store_timeout_ms=5000.0,
+            )
+
+            async def make_cache() -> SemanticCache:
+                cache = SemanticCache(RedisCacheStore.from_settings(settings), embedder, verifier, settings)
+                await cache.start()
+                return cache
+
+            return asyncio.run(evaluate_through_cache(pairs, make_cache))
+        finally:
+            server.stop()
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -51,10 +51,10 @@ class VerifierSettings(Settings):
 
     min_similarity: float = setting(0.70, "Cosine below which a candidate is rejected outright.")
     accept_clean: float = setting(
-        0.78, "Cosine needed when every content word has a counterpart (reorder, synonyms, typos)."
+        0.80, "Cosine needed when every content word has a counterpart (reorder, synonyms, typos)."
     )
     accept_added: float = setting(
-        0.90, "Cosine needed when one side has extra content words (narrower/wider scope risk)."
+        0.92, "Cosine needed when one side has extra content words (narrower/wider scope risk)."
     )
     max_added: int = setting(2, "Most extra content words on one side that can still be accepted.")
     accept_substituted: float = setting(
@@ -216,7 +216,7 @@ _ANTONYM_PAIRS = _pairs(
     oldest/newest young/old big/small large/small long/short wide/narrow thick/thin soft/hard
     strong/weak sunrise/sunset join/leave hire/fire enter/exit merge/split top/bottom read/write
     encode/decode serialize/deserialize plus/minus multiply/divide always/never all/none many/few
-    love/hate internal/external public/private client/server frontend/backend sync/async
+    love/hate internal/external public/private client/server frontend/backend show/hide sync/async
     static/dynamic mutable/immutable uppercase/lowercase upper/lower prefix/suffix head/tail
     day/night morning/evening summer/winter spring/autumn spring/fall inhale/exhale import/export
     win/loss profit/loss attack/defend rich/poor healthy/unhealthy good/bad love/dislike
@@ -256,7 +256,7 @@ _IRREGULAR = _mapping(
     lost>lose sent>send paid>pay said>say sold>sell kept>keep felt>feel thought>think told>tell
     found>find gave>give given>give broke>break broken>break chose>choose chosen>choose began>begin
     begun>begin fell>fall fallen>fall grew>grow grown>grow forgotten>forgot people>person men>man
-    women>woman feet>foot teeth>tooth mice>mouse children>child bitten>bite hidden>hide driven>drive
+    women>woman feet>foot teeth>tooth mice>mouse children>child bitten>bite driven>drive
     drove>drive flew>fly flown>fly held>hold built>build spent>spend meant>mean met>meet
     brought>bring caught>catch taught>teach sought>seek understood>understand stood>stand led>lead
     slept>sleep woke>wake
@@ -568,6 +568,8 @@ _WHAT_AS = [
     (re.compile(r"\bin (?:what|which) (?:city|country|place|town|state|region)\b"), "where"),
 ]
 
+# All phrase rewrites in one pass (one alternation, group pN = _PHRASES[N]).
+_PHRASE_RE = re.compile("|".join(f"(?P<p{i}>{pat})" for i, (pat, _rep) in enumerate(_PHRASES)))
 _TOKEN_RE = re.compile(r"\d+(?:[.,:/]\d+)*(?:st|nd|rd|th)?|[a-z0-9]+(?:'[a-z]+)*|[%$€£¥°&+]|[,;:?!.]", re.I)
 # Clause boundaries (punctuation) become this marker: fronted phrases ("Madrid weather, how do I
 # check it?") must not look like swapped arguments.
@@ -610,9 +612,8 @@ def _stem(w: str) -> str:
 
 def _build_synonyms() -> dict[str, str]:
     out: dict[str, str] = {}
-    for group in _SYNONYM_GROUPS:
-        words = group
-        head = _stem(words[0])
+    for words in _SYNONYM_GROUPS:
+        head = _stem(words[0])  # the first word of a group names it
         for w in words:
             out.setdefault(_stem(w), head)
     return out
@@ -631,6 +632,22 @@ for _a, _b in _ANTONYM_PAIRS:
     _ANTONYMS.setdefault(_canon(_stem(_b)), set()).add(_canon(_stem(_a)))
 _STOP_STEMS = frozenset(_stem(w) for w in _STOPWORDS)
 _FRAMING_STEMS = frozenset(_stem(w) for w in _FRAMING)
+
+
+# Unit words that are not also common words or letters: "ounces" matches "oz" even with no number.
+_UNIT_WORDS = {
+    w: u
+    for w, u in _UNITS.items()
+    if len(w) > 1 and w.isalpha() and w not in {"in", "am", "pm", "min", "second", "sec", "day", "days"}
+}
+
+
+def _word_key(w: str) -> str:
+    """What a word is compared by: its unit, or else the head of its stem's synonym group."""
+    unit = _UNIT_WORDS.get(w)
+    if unit is not None:
+        return "unit:" + unit
+    return _canon(_stem(w))
 
 
 def _damerau(a: str, b: str, limit: int) -> int:
@@ -669,7 +686,7 @@ def _is_typo(a: str, b: str) -> bool:
 @dataclass(frozen=True)
 class Token:
     text: str  # lowercase surface form
-    stem: str  # canonical stem (synonym group head)
+    stem: str  # comparison key: unit, or synonym-group head of the stem (see _word_key)
     specific: bool  # proper noun, acronym or code-like (version, error code)
     content: bool  # counts as a content word
     anchor: bool  # can take part in a swap: content words, numbers, weekdays and months
@@ -776,14 +793,13 @@ def analyze(text: str) -> Analysis:
     t = _normalize(text)
     # Thousands separators and "-free" compounds before splitting on punctuation.
     t = re.sub(r"(?<=\d),(?=\d{3}\b)", "", t)
-    free_count = len(re.findall(r"\b[a-z]+-free\b", t, re.I))
-    t = re.sub(r"\b([a-z]+)-free\b", r"\1", t, flags=re.I)
+    # "gluten-free" is "without gluten": a negation, and the same words as the spelled-out form.
+    t = re.sub(r"\b([a-z]+)-free\b", r"without \1", t, flags=re.I)
     # Hyphens split words ("three-day" -> "three day"); "e-mail" still matches "email" through the
     # split-word check in content_diff.
     orig_tokens = _TOKEN_RE.findall(t)
     low = _expand_contractions(t.lower())
-    for pat, rep in _PHRASES:
-        low = re.sub(pat, rep, low)
+    low = _PHRASE_RE.sub(lambda m: _PHRASES[int(m.lastgroup[1:])][1], low)  # type: ignore[index]
     raw = _TOKEN_RE.findall(low)
     # Split "100ml", "5mg", "3pm", "180°c" into value + unit; strip ordinal suffixes.
     words: list[str] = []
@@ -798,6 +814,7 @@ def analyze(text: str) -> Analysis:
                 words.extend([m.group(1), m.group(2)])
         else:
             words.append(w)
+    surface = [w.replace("'", "") for w in words]  # before irregular forms: "wrote" is no request framing
     words = [
         "plus" if w == "+" else _BOUNDARY if w in ",;:?!." else _IRREGULAR.get(w, w).replace("'", "")
         for w in words
@@ -897,7 +914,7 @@ def analyze(text: str) -> Analysis:
             qtypes.add("who")
     yesno = bool(words) and words[0] in _AUX_START and not qtypes
 
-    negations = sum(1 for w in words if w in _NEGATIONS) + free_count
+    negations = sum(1 for w in words if w in _NEGATIONS)
 
     skip = num_pos | unit_pos | time_pos
     tokens: list[Token] = []
@@ -907,10 +924,10 @@ def analyze(text: str) -> Analysis:
         if w == _BOUNDARY:
             tokens.append(Token(w, w, False, False, False))
             continue
-        stem = _canon(_stem(w))
+        stem = _word_key(w)
         # Stopword and framing lists apply to the word itself, not its synonym group: "make" frames
         # a request, "create" (same group) does not.
-        raw_stem = _stem(w)
+        raw_stem = _stem(surface[i])
         content = (
             i not in skip and w not in _STOPWORDS and raw_stem not in _STOP_STEMS and w not in _NEGATIONS
         )
@@ -927,7 +944,7 @@ def analyze(text: str) -> Analysis:
         times=frozenset(times),
         qtypes=frozenset(qtypes),
         yesno=yesno,
-        words=Counter(_canon(_stem(w)) for w in words if w != _BOUNDARY),
+        words=Counter(_word_key(w) for w in words if w != _BOUNDARY),
     )
 
 
@@ -1068,6 +1085,8 @@ def _rule_direction(a: Analysis, b: Analysis) -> str | None:
         for s, ps in pa.items()
         if len(ps) == 1 and len(pb.get(s, ())) == 1 and a.tokens[ps[0]].anchor and b.tokens[pb[s][0]].anchor
     ]
+    # Bounded work on long prompts: the pair loop below is quadratic in anchors.
+    anchors = anchors[:_MAX_ANCHORS]
     ra, rb = _roles(a), _roles(b)
     for s in anchors:
         if s in ra and s in rb and ra[s] != rb[s]:
@@ -1109,12 +1128,20 @@ class ContentDiff:
     specific: tuple[str, ...]
 
 
+_MAX_TYPO_CANDIDATES = 32
+_MAX_ANCHORS = 64
+
+
 def content_diff(a: Analysis, b: Analysis) -> ContentDiff:
     """Content words of each side that have no counterpart on the other (stem, synonym, typo, split)."""
 
     def unmatched(x: Analysis, y: Analysis) -> list[Token]:
         y_stems = {t.stem for t in y.tokens} | {t.text for t in y.tokens}
-        y_left = [t for t in y.tokens if t.content and t.stem not in {u.stem for u in x.tokens}]
+        x_stems = {u.stem for u in x.tokens}
+        y_left = [t for t in y.tokens if t.content and t.stem not in x_stems]
+        # Typo matching is quadratic; long prompts that differ in many words are not typos anyway.
+        if len(y_left) > _MAX_TYPO_CANDIDATES:
+            y_left = []
         x_texts = [t.text for t in x.tokens]
         out = []
         for i, t in enumerate(x.tokens):
@@ -1175,6 +1202,8 @@ class RuleVerifier:
     def _decide(self, query: str, candidate: str, similarity: float) -> Verdict:
         s = self.settings
         a, b = analyze(query), analyze(candidate)
+        if not a.norm or not b.norm:
+            return Verdict(False, "empty", similarity, "nothing to compare after normalization")
         if a.norm == b.norm:
             return Verdict(True, "exact", similarity, "identical after normalization")
         if similarity < s.min_similarity:

@@ -6,12 +6,13 @@ from typing import Any
 
 import kserve
 from kserve import InferRequest, InferResponse
-from kserve.errors import InvalidInput, ModelNotReady, ServerNotReady
+from kserve.errors import InvalidInput
 
 from predictors.config import PredictorSettings
 from predictors.engine import Engine
 from semserve import v2
 from semserve.errors import BadRequest, Unavailable
+from semserve.serving import Unavailable503
 
 
 class VLLMPredictor(kserve.Model):
@@ -51,7 +52,7 @@ class VLLMPredictor(kserve.Model):
         if not isinstance(payload, InferRequest):
             raise InvalidInput("this model speaks the v2 protocol: POST /v2/models/{name}/infer")
         if not self.llm.ready:
-            raise ModelNotReady(self.name, "the engine is still starting")
+            raise Unavailable503(f"model {self.name} is not ready: the engine is still starting")
         protocol = "v2-grpc" if payload.from_grpc else "v2-rest"
         request_id = payload.id or (headers or {}).get("x-request-id") or ""
         try:
@@ -64,7 +65,7 @@ class VLLMPredictor(kserve.Model):
         except BadRequest as exc:
             raise InvalidInput(exc.message) from None
         except Unavailable as exc:
-            raise ServerNotReady(exc.message) from None
+            raise Unavailable503(exc.message) from None
         return v2.build_response(
             self.name,
             request_id,

@@ -15,9 +15,11 @@ COMMAND_MODULES = [
     "semserve.commands.model",
     "semserve.commands.up",
     "predictors.cli",
+    "transformers_svc.cli",
     "bench.cli",
     "cache.cli",
     "serverless.cli",
+    "serverless.tenant",
 ]
 
 

@@ -69,8 +69,8 @@ class Settings:
     ENV_PREFIX: ClassVar[str] = "SEMSERVE_"
 
     @classmethod
-    def flag(cls, f: dataclasses.Field[Any]) -> str:
-        return "--" + f.name.replace("_", "-")
+    def flag(cls, f: dataclasses.Field[Any], prefix: str = "") -> str:
+        return "--" + prefix + f.name.replace("_", "-")
 
     @classmethod
     def env_name(cls, f: dataclasses.Field[Any]) -> str:
@@ -94,13 +94,15 @@ class Settings:
         return _convert(raw, tp, cls.env_name(f))
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group(f"settings (env {cls.ENV_PREFIX}*)")
+    def add_arguments(cls, parser: argparse.ArgumentParser, flag_prefix: str = "") -> None:
+        """`flag_prefix` (e.g. "cache-") keeps several settings classes apart in one parser."""
+        group = parser.add_argument_group(f"{cls.__name__} (env {cls.ENV_PREFIX}*)")
+        dest_prefix = flag_prefix.replace("-", "_")
         for f in cls._fields():
             tp, _ = _base_type(f.type)
             meta = f.metadata
             kwargs: dict[str, Any] = {
-                "dest": f.name,
+                "dest": dest_prefix + f.name,
                 "default": argparse.SUPPRESS,
                 "help": f"{meta['help']} [env {cls.env_name(f)}; default {f.default!r}]"
                 if not meta.get("secret")
@@ -114,14 +116,21 @@ class Settings:
                 if meta.get("choices"):
                     kwargs["choices"] = meta["choices"]
                     kwargs.pop("metavar")
-            group.add_argument(cls.flag(f), **kwargs)
+            names = [cls.flag(f, flag_prefix)]
+            if "_" in f.name and not flag_prefix:
+                # KServe's controller appends `--model_name x --predictor_host y --http_port n`
+                # to a transformer's args: accept its underscore spelling too.
+                names.append("--" + f.name)
+            group.add_argument(*names, **kwargs)
 
     @classmethod
-    def from_namespace(cls, ns: argparse.Namespace | None = None) -> Self:
+    def from_namespace(cls, ns: argparse.Namespace | None = None, flag_prefix: str = "") -> Self:
         given = vars(ns) if ns is not None else {}
+        dest_prefix = flag_prefix.replace("-", "_")
         values: dict[str, Any] = {}
         for f in cls._fields():
-            values[f.name] = given[f.name] if f.name in given else cls._env_default(f)
+            dest = dest_prefix + f.name
+            values[f.name] = given[dest] if dest in given else cls._env_default(f)
             choices = f.metadata.get("choices")
             if choices and values[f.name] not in choices:
                 raise ValueError(f"{cls.env_name(f)}: {values[f.name]!r} is not one of {choices}")
@@ -132,12 +141,12 @@ class Settings:
         return cls.from_namespace(None)
 
     @classmethod
-    def markdown_table(cls) -> str:
+    def markdown_table(cls, flag_prefix: str = "") -> str:
         rows = ["| flag | env | default | meaning |", "| --- | --- | --- | --- |"]
         for f in cls._fields():
             default = "" if f.metadata.get("secret") else f"`{f.default}`"
             rows.append(
-                f"| `{cls.flag(f)}` | `{cls.env_name(f)}` | {default} | {f.metadata['help']} |"
+                f"| `{cls.flag(f, flag_prefix)}` | `{cls.env_name(f)}` | {default} | {f.metadata['help']} |"
             )
         return "\n".join(rows)
 

@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from grpc import aio
-from kserve.errors import InferenceError
+from kserve.errors import InferenceError, ServerNotReady
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
@@ -42,6 +42,15 @@ EXEMPT_PATHS = ("/v2/health/live", "/v2/health/ready", "/metrics", "/")
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Unavailable503(ServerNotReady):
+    """KServe's ServerNotReady (503 / gRPC UNAVAILABLE) with the `reason` its gRPC interceptor
+    reads; the original lacks it and turns into UNKNOWN over gRPC."""
+
+    def __init__(self, detail: str | None = None) -> None:
+        super().__init__(detail)
+        self.reason = self.error_msg
 
 
 class ServingState:
@@ -313,6 +322,8 @@ class SemserveModelServer(kserve.ModelServer):
         grace_period: float,
         max_body_bytes: int,
         setup_app: Callable[[FastAPI], None] | None = None,
+        wrap_app: Callable[[Any], Any] | None = None,
+        grpc_interceptors: tuple[aio.ServerInterceptor, ...] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -329,6 +340,9 @@ class SemserveModelServer(kserve.ModelServer):
         self.grace = grace_period
         self.max_body_bytes = max_body_bytes
         self.setup_app = setup_app
+        # An inner ASGI layer (e.g. the transformer's auth), run inside the guard.
+        self.wrap_app = wrap_app
+        self.grpc_interceptors = grpc_interceptors
         self._uvicorn: _QuietServer | None = None
         self._grpc: aio.Server | None = None
         self._stopped = asyncio.Event()
@@ -396,12 +410,15 @@ class SemserveModelServer(kserve.ModelServer):
         # KServe raises InferenceError (a 500) while decoding tensors a client sent wrongly,
         # e.g. non-UTF-8 bytes in a JSON-encoded BYTES tensor; our models never raise it.
         app.add_exception_handler(InferenceError, _client_tensor_error)
-        return HttpGuard(app, self.state, self.max_body_bytes)
+        inner: Any = self.wrap_app(app) if self.wrap_app is not None else app
+        return HttpGuard(inner, self.state, self.max_body_bytes)
 
     async def _serve_grpc(self) -> None:
         server = aio.server(
             futures.ThreadPoolExecutor(max_workers=self.max_threads),
-            interceptors=(GrpcGuard(self.state), ExceptionToStatusInterceptor()),
+            interceptors=(
+                GrpcGuard(self.state), *self.grpc_interceptors, ExceptionToStatusInterceptor()
+            ),
             options=[
                 ("grpc.max_send_message_length", self.max_body_bytes),
                 ("grpc.max_receive_message_length", self.max_body_bytes),

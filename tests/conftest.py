@@ -59,6 +59,68 @@ def predictor() -> Iterator[Predictor]:
         proc.stop()
 
 
+@dataclass
+class Transformer:
+    http: str
+    grpc: str
+    process: ServerProcess
+
+    @property
+    def openai_base(self) -> str:
+        return f"{self.http}/openai/v1"
+
+
+def start_transformer(
+    name: str,
+    predictor_grpc: str,
+    predictor_http: str,
+    redis_url: str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> Transformer:
+    http_port, grpc_port = free_port(), free_port()
+    proc = ServerProcess(
+        [
+            "transformer",
+            "--http-port", str(http_port),
+            "--grpc-port", str(grpc_port),
+            "--predictor-host", predictor_grpc,
+            "--predictor-url", predictor_http,
+            "--predictor-connect-timeout-s", "1",
+            "--cache-redis-url", redis_url,
+            # Each transformer of the suite gets its own index, so tests never see each other.
+            "--cache-deployment", name,
+            "--grace-period-s", "5",
+            *extra,
+        ],
+        LOG_DIR / f"transformer-{name}.log",
+        env=env,
+    ).start()
+    url = f"http://127.0.0.1:{http_port}"
+    proc.wait_until(http_ready(f"{url}/v2/health/ready"), 180, f"transformer {name}")
+    return Transformer(url, f"127.0.0.1:{grpc_port}", proc)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    from cache.redis_server import RedisServer
+
+    server = RedisServer(free_port(), data_dir=LOG_DIR / "redis-suite").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def transformer(predictor: Predictor, redis_url: str) -> Iterator[Transformer]:
+    t = start_transformer("main", predictor.grpc, predictor.http, redis_url, "--log-level", "debug")
+    try:
+        yield t
+    finally:
+        t.process.stop()
+
+
 @pytest.fixture(scope="session")
 def log_dir() -> Path:
     LOG_DIR.mkdir(parents=True, exist_ok=True)

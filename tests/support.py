@@ -101,3 +101,77 @@ def metric_value(metrics_text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
             total += float(value)
     return total
+
+
+class TcpProxy:
+    """A loopback TCP proxy that can be cut and restored: the predictor "dies" for the transformer
+    without disturbing the predictor process other tests share."""
+
+    def __init__(self, target_port: int, listen_port: int | None = None) -> None:
+        import threading
+
+        self.target_port = target_port
+        self.port = listen_port or free_port()
+        self._threading = threading
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> TcpProxy:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(128)
+        self._listener = listener
+        self._threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                self._threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        """Refuse new connections and cut the open ones, like a dead pod."""
+        if self._listener is not None:
+            # close() alone does not wake a thread blocked in accept(), which would keep accepting.
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            for conn in self._conns:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                conn.close()
+            self._conns.clear()

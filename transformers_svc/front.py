@@ -1,0 +1,140 @@
+"""The cache in front of the predictor, protocol-free: decide whether a request may use the cache,
+build its cache key, answer from the cache or from the predictor (once for identical misses), and
+store complete answers.
+
+Answers are stored as {"text", "finish_reason", "completion_tokens", "prompt_tokens"}: v2 and
+OpenAI completions (both: a raw prompt in, text out) share entries; chat has its own kind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cache.keys import CacheRequest, SamplingParams
+from cache.policy import LookupResult, SemanticCache
+from semserve.logs import get_logger
+from semserve.sampling import SamplingOptions
+from transformers_svc import metrics
+from transformers_svc.config import TransformerSettings
+
+log = get_logger("semserve.transformer.cache")
+
+Answer = dict[str, Any]
+COMPLETE = ("stop", "length")
+
+
+@dataclass(frozen=True)
+class CacheMode:
+    lookup: bool
+    store: bool
+
+    @property
+    def used(self) -> bool:
+        return self.lookup or self.store
+
+
+@dataclass
+class Outcome:
+    answer: Answer
+    status: str  # exact | semantic | miss | bypass
+    similarity: float | None
+
+
+def cache_control(headers: dict[str, str]) -> set[str]:
+    raw = headers.get("cache-control", "")
+    return {part.strip().lower() for part in raw.split(",") if part.strip()}
+
+
+def is_complete(answer: Answer) -> bool:
+    return answer.get("finish_reason") in COMPLETE and isinstance(answer.get("text"), str)
+
+
+class CacheFront:
+    def __init__(self, settings: TransformerSettings, cache: SemanticCache | None) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.model = settings.model_name
+
+    def mode(self, options: SamplingOptions, headers: dict[str, str]) -> CacheMode:
+        if self.cache is None or self.settings.cache_policy == "off":
+            return CacheMode(False, False)
+        # Sampled answers are one draw of many; serving it again would fake determinism.
+        deterministic = options.temperature == 0 or options.seed is not None
+        if self.settings.cache_policy == "deterministic" and not deterministic:
+            return CacheMode(False, False)
+        directives = cache_control(headers)
+        return CacheMode(lookup="no-cache" not in directives, store="no-store" not in directives)
+
+    def key(
+        self, tenant: str, kind: str, prompt: str, options: SamplingOptions, context: Any = None
+    ) -> CacheRequest:
+        return CacheRequest(
+            tenant=tenant,
+            model=self.model,
+            kind=kind,  # type: ignore[arg-type]
+            prompt=prompt,
+            context=context,
+            sampling=SamplingParams.from_mapping(options.to_dict()),
+            model_revision=self.settings.model_revision or None,
+        )
+
+    async def lookup(self, req: CacheRequest, mode: CacheMode) -> LookupResult | None:
+        if self.cache is None or not mode.lookup:
+            return None
+        res = await self.cache.lookup(req)
+        metrics.LOOKUPS.labels(self.model, res.status).inc()
+        metrics.LOOKUP_SECONDS.labels(self.model).observe(res.timings.get("total", 0.0) / 1000)
+        if "embed" in res.timings:
+            metrics.EMBED_SECONDS.labels(self.model).observe(res.timings["embed"] / 1000)
+        if res.similarity is not None and res.status in ("semantic", "miss") and res.candidates:
+            decision = "served" if res.status == "semantic" else "rejected"
+            metrics.SIMILARITY.labels(self.model, decision).observe(res.similarity)
+        if res.hit:
+            metrics.PREDICTOR_CALLS_SAVED.labels(self.model).inc()
+        if res.verdict is not None:
+            log.debug(
+                "cache_decision",
+                status=res.status,
+                rule=res.verdict.rule,
+                score=round(res.verdict.score, 4),
+                similarity=None if res.similarity is None else round(res.similarity, 4),
+                detail=res.verdict.detail,
+            )
+        return res
+
+    async def answer(
+        self, req: CacheRequest, mode: CacheMode, produce: Callable[[], Awaitable[Answer]]
+    ) -> Outcome:
+        """Cached answer, or the predictor's (one call for identical concurrent misses)."""
+        if self.cache is None or not mode.used:
+            metrics.LOOKUPS.labels(self.model, "bypass").inc()
+            return Outcome(await produce(), "bypass", None)
+        res = await self.lookup(req, mode)
+        if res is not None and res.hit and res.answer is not None:
+            return Outcome(res.answer, res.status, res.similarity)
+        if res is None:
+            metrics.LOOKUPS.labels(self.model, "bypass").inc()
+        answer = await self.cache.run_once(
+            req,
+            produce,
+            vector=res.vector if res is not None else None,
+            should_store=is_complete,
+            store=mode.store,
+        )
+        status = "miss" if res is not None else "bypass"
+        return Outcome(answer, status, res.similarity if res is not None else None)
+
+    async def store(self, req: CacheRequest, mode: CacheMode, answer: Answer, vector: Any = None) -> None:
+        if self.cache is not None and mode.store and is_complete(answer):
+            await self.cache.store(req, answer, vector)
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started

@@ -1,0 +1,89 @@
+"""Authentication on every route: an ASGI middleware for HTTP and a gRPC interceptor. Both put the
+tenant in `tenant_var` for the handlers; probes and /metrics stay open so Kubernetes can use them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from semserve.errors import ServingError
+from semserve.openai_protocol import error_body
+from semserve.serving import EXEMPT_PATHS
+from transformers_svc.auth import Authenticator, tenant_var
+
+
+class HttpAuth:
+    def __init__(self, app: Any, auth: Authenticator) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if scope["path"].startswith("/admin/"):
+            # Admin routes check their own key (an admin key, not a tenant's).
+            await self.app(scope, receive, send)
+            return
+        try:
+            tenant = self.auth.tenant_for(headers)
+        except ServingError as exc:
+            await _reject(send, exc, openai=scope["path"].startswith("/openai/"))
+            return
+        token = tenant_var.set(tenant)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            tenant_var.reset(token)
+
+
+async def _reject(send: Any, exc: ServingError, openai: bool) -> None:
+    body = error_body(exc.message, exc.openai_type) if openai else {"error": exc.message}
+    payload = json.dumps(body).encode()
+    await send({
+        "type": "http.response.start",
+        "status": exc.http_status,
+        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+    })
+    await send({"type": "http.response.body", "body": payload})
+
+
+class GrpcAuth(aio.ServerInterceptor):
+    def __init__(self, auth: Authenticator) -> None:
+        self.auth = auth
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        if details.method.endswith(("/ServerLive", "/ServerReady")):
+            return handler
+        metadata = {k.lower(): v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+        inner = handler.unary_unary
+
+        async def call(request: Any, context: aio.ServicerContext) -> Any:
+            try:
+                tenant = self.auth.tenant_for(metadata)
+            except ServingError as exc:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
+            token = tenant_var.set(tenant)
+            try:
+                return await inner(request, context)
+            finally:
+                tenant_var.reset(token)
+
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -1,0 +1,89 @@
+"""Transformer metrics: what the cache decided, how long it took, what it saved."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LOOKUPS = Counter(
+    "semserve_cache_lookups_total",
+    "Cache lookups by result (exact, semantic, miss, bypass, error).",
+    ("model", "result"),
+)
+LOOKUP_SECONDS = Histogram(
+    "semserve_cache_lookup_seconds",
+    "Time of one cache lookup (exact GET, embedding, KNN, verification).",
+    ("model",),
+    buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25),
+)
+EMBED_SECONDS = Histogram(
+    "semserve_cache_embedding_seconds",
+    "Time to embed the last user message during a lookup.",
+    ("model",),
+    buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1),
+)
+SIMILARITY = Histogram(
+    "semserve_cache_similarity",
+    "Cosine similarity of the best semantic candidate, by whether it was served.",
+    ("model", "decision"),
+    buckets=(0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99, 1.0),
+)
+PREDICTOR_CALLS_SAVED = Counter(
+    "semserve_cache_predictor_calls_saved_total",
+    "Requests answered without calling the predictor (cache hits and single-flight joins).",
+    ("model",),
+)
+PREDICTOR_CALLS = Counter(
+    "semserve_transformer_predictor_calls_total",
+    "Calls to the predictor by protocol and outcome.",
+    ("model", "protocol", "outcome"),
+)
+REQUEST_SECONDS = Histogram(
+    "semserve_transformer_request_duration_seconds",
+    "Time to answer a request, by protocol and cache result.",
+    ("model", "protocol", "cache"),
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+
+class PolicyCollector(Collector):
+    """Exports the cache policy's plain counters (cache/ has no Prometheus dependency)."""
+
+    def __init__(self, model: str, counters: Any) -> None:
+        self.model = model
+        self.counters = counters
+
+    def collect(self) -> Iterator[Any]:
+        c = self.counters
+        rows = {
+            "semserve_cache_redis_errors": ("Failed or timed-out Redis calls.", c.redis_errors),
+            "semserve_cache_entries_stored": ("Answers written to the cache.", c.stores),
+            "semserve_cache_store_errors": ("Answers that could not be written.", c.store_errors),
+            "semserve_cache_timeouts": ("Lookups or stores over their time budget.", c.timeouts),
+            "semserve_cache_singleflight_waiters": (
+                "Requests that waited for an identical in-flight miss instead of calling the "
+                "predictor.", c.singleflight_joined,
+            ),
+            "semserve_cache_verifier_rejections": (
+                "Semantic candidates the verifier rejected.", c.verifier_rejections,
+            ),
+            "semserve_cache_index_created": ("Times the index was (re)created.", c.index_created),
+        }
+        for name, (doc, value) in rows.items():
+            fam = CounterMetricFamily(name, doc, labels=["model"])
+            fam.add_metric([self.model], float(value))
+            yield fam
+        degraded = GaugeMetricFamily(
+            "semserve_cache_degraded", "1 while Redis is unreachable and the cache fails open.",
+            labels=["model"],
+        )
+        degraded.add_metric([self.model], 1.0 if c.degraded else 0.0)
+        yield degraded
+
+
+def register_policy(model: str, counters: Any) -> None:
+    REGISTRY.register(PolicyCollector(model, counters))

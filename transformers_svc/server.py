@@ -1,0 +1,88 @@
+"""Assemble and run the transformer: embedder, verifier, Redis store, cache policy, predictor
+client, the KServe model, OpenAI and admin routes, and auth on every route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from cache.embedder import Embedder, EmbedderSettings
+from cache.policy import SemanticCache
+from cache.settings import CacheSettings
+from cache.store import RedisCacheStore
+from cache.verify import RuleVerifier, VerifierSettings
+from semserve import logs
+from semserve.openai_routes import register_openai_routes
+from semserve.serving import SemserveModelServer
+from transformers_svc import metrics
+from transformers_svc.admin import register_admin_routes
+from transformers_svc.auth import Authenticator
+from transformers_svc.config import TransformerSettings
+from transformers_svc.front import CacheFront
+from transformers_svc.guards import GrpcAuth, HttpAuth
+from transformers_svc.model import SemanticCacheTransformer
+from transformers_svc.openai_backend import TransformerOpenAI
+from transformers_svc.upstream import PredictorClient
+
+log = logs.get_logger("semserve.transformer")
+
+
+def build_cache(cache_settings: CacheSettings, embed_settings: EmbedderSettings,
+                verify_settings: VerifierSettings) -> SemanticCache | None:
+    if not cache_settings.enabled:
+        return None
+    embedder = Embedder(embed_settings)
+    store = RedisCacheStore.from_settings(cache_settings)
+    return SemanticCache(store, embedder, RuleVerifier(verify_settings), cache_settings)
+
+
+def run(
+    settings: TransformerSettings,
+    cache_settings: CacheSettings,
+    embed_settings: EmbedderSettings,
+    verify_settings: VerifierSettings,
+) -> None:
+    logs.configure(settings.log_level)
+    log.info("transformer_settings", **{k: str(v) for k, v in settings.public_dict().items()})
+    if settings.workers > 1:
+        log.warning("workers_ignored", workers=settings.workers,
+                    reason="one process per pod; scale with replicas")
+    auth = Authenticator.from_files(settings.api_keys_file, settings.admin_keys_file, settings.tenant)
+    log.info("auth", enabled=auth.enabled)
+    cache = build_cache(cache_settings, embed_settings, verify_settings)
+    if cache is not None:
+        metrics.register_policy(settings.model_name, cache.counters)
+    predictor = PredictorClient(settings)
+    front = CacheFront(settings, cache)
+    model = SemanticCacheTransformer(settings, front, predictor)
+    openai = TransformerOpenAI(settings, front, predictor)
+
+    async def start_cache() -> None:
+        # Best effort: with Redis down the transformer still serves (fail open) and the policy
+        # recreates the index once Redis answers.
+        if cache is not None:
+            await cache.start()
+
+    model.engine = True
+    model.start_engine = start_cache  # type: ignore[method-assign]
+
+    def setup(app: FastAPI) -> None:
+        register_openai_routes(app, openai)
+        register_admin_routes(app, cache, auth)
+
+    def wrap(app: Any) -> Any:
+        return HttpAuth(app, auth) if auth.enabled else app
+
+    server = SemserveModelServer(
+        host=settings.host,
+        http_port=settings.http_port,
+        grpc_port=settings.grpc_port,
+        grace_period=settings.grace_period_s,
+        max_body_bytes=settings.max_body_bytes,
+        setup_app=setup,
+        wrap_app=wrap,
+        grpc_interceptors=(GrpcAuth(auth),) if auth.enabled else (),
+    )
+    server.start([model])
+    log.info("transformer_stopped")
