@@ -25,7 +25,14 @@ class CacheSettings(Settings):
     ttl_seconds: int = setting(86400, "Fixed lifetime of an entry from its creation; reads never extend it.")
     max_entries_per_tenant: int = setting(10000, "Per-tenant cap; the oldest entries are evicted.")
     lookup_timeout_ms: float = setting(
-        50.0, "Budget of one lookup (exact + embed + KNN + verify); past it the request skips the cache."
+        50.0,
+        "Budget of each Redis round trip of a lookup (exact GET, KNN); past it the request skips "
+        "the cache.",
+    )
+    embed_timeout_ms: float = setting(
+        1000.0,
+        "Budget of the embedding in a lookup (CPU-bound: it sets how long a busy pod may spend "
+        "before answering the request as a miss).",
     )
     store_timeout_ms: float = setting(500.0, "Budget of one store; also the Redis socket timeout.")
     singleflight_wait_s: float = setting(

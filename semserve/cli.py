@@ -14,10 +14,12 @@ import sys
 COMMAND_MODULES = [
     "semserve.commands.model",
     "semserve.commands.up",
+    "semserve.commands.settings",
     "predictors.cli",
     "transformers_svc.cli",
     "bench.cli",
     "cache.cli",
+    "cache.eval",
     "serverless.cli",
     "serverless.tenant",
 ]

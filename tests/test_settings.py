@@ -68,3 +68,11 @@ def test_kserve_underscore_flags_are_accepted() -> None:
         ["transformer", "--model_name", "x", "--predictor_host", "p:81", "--http_port", "9", "--workers", "2"]
     )
     assert (args.model_name, args.predictor_host, args.http_port, args.workers) == ("x", "p:81", 9, 2)
+
+
+def test_readme_tables_are_the_output_of_semserve_settings() -> None:
+    from semserve.commands.settings import markdown
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- settings:begin -->\n", 1)[1].split("<!-- settings:end -->", 1)[0]
+    assert block == markdown(), "README settings are stale: paste the output of `semserve settings`"
