@@ -17,8 +17,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     pred.add_argument("--profile", default=None, help="write the engine profile JSON for simulate")
     pred.set_defaults(func=_predictor)
 
+    cache = bench_sub.add_parser(
+        "cache",
+        help="latency through the transformer (exact/semantic hit, miss vs direct; v2 REST + gRPC) "
+        "and RedisVL's SemanticCache side by side",
+    )
+    cache.add_argument("--concurrency", default="1,16", help="comma-separated levels")
+    cache.add_argument("--requests-hit", type=int, default=200, help="requests per exact/semantic cell")
+    cache.add_argument("--requests-miss", type=int, default=32, help="requests per miss and direct cell")
+    cache.add_argument("--max-tokens", type=int, default=8, help="max_tokens of every request")
+    cache.add_argument("--warmup", type=int, default=20, help="warm-up requests per hit path and protocol")
+    cache.add_argument("--pairs", default=None, help="eval pairs JSONL (default: the eval split)")
+    cache.add_argument("--max-pairs", type=int, default=0, help="cap the pairs used for hits (0: all served)")
+    cache.add_argument("--peer-iters", type=int, default=300, help="rounds of the in-process comparison")
+    cache.add_argument("--skip-redisvl", action="store_true", help="no RedisVL side-by-side part")
+    cache.add_argument("--model", default=None, help="HF model dir (default: the prepared SmolLM2)")
+    cache.add_argument(
+        "--transformer-arg", action="append", default=[], metavar="ARG",
+        help="extra argument for `semserve transformer` (repeatable): --transformer-arg=--log-level=debug",
+    )
+    cache.add_argument("--seed", type=int, default=0, help="random seed (prompt order, miss prompts)")
+    cache.add_argument("--output", default=None, help="append the markdown section to this file")
+    cache.set_defaults(func=_cache)
+
 
 def _predictor(args: argparse.Namespace) -> int:
     from bench.predictor import main
+
+    return main(args)
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from bench.cache import main
 
     return main(args)

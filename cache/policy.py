@@ -23,6 +23,12 @@ Single flight (`run_once`): concurrent identical misses in this process (same ex
   one of them becomes the leader.
 - a waiter whose wait runs out calls its own `produce` (bounded wait, never a hang).
 Replicas do not coordinate: each pod runs its own flights.
+
+Tracing (OpenTelemetry API only, through semserve.tracing; no-ops unless the request is traced):
+`semserve.cache.lookup` with children HMGET (exact), `semserve.cache.embed`, FT.SEARCH (KNN) and
+`semserve.cache.verify` (the decision); `semserve.cache.singleflight.wait` for a request that joins
+a flight; `semserve.cache.store` with its EVALSHA. Redis spans follow the DB semantic conventions.
+No prompt text on any span unless audit-full mode is on.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from cache.interfaces import Embedder, Verdict, Verifier
 from cache.keys import CacheRequest
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore, is_missing_index
+from semserve import tracing
 from semserve.logs import get_logger
 
 log = get_logger("cache.policy")
@@ -126,6 +133,11 @@ class SemanticCache:
         self._probe_at = 0.0
         self._failing: dict[str, str] = {}  # component -> last error, for one log line per change
         self._flights: dict[str, asyncio.Future[Any]] = {}
+        self._db_attrs = _redis_attributes(store)
+
+    def _redis_span(self, operation: str, target: str | None = None) -> Any:
+        name = f"{operation} {target}" if target else operation
+        return tracing.span(name, tracing.SpanKind.CLIENT, db__operation__name=operation, **self._db_attrs)
 
     @property
     def degraded(self) -> bool:
@@ -206,6 +218,25 @@ class SemanticCache:
         return res
 
     async def lookup(self, req: CacheRequest) -> LookupResult:
+        with tracing.span("semserve.cache.lookup", semserve__cache__kind=req.kind) as span:
+            res = await self._traced_lookup(req)
+            if span.is_recording():
+                span.set_attributes(tracing.clean_attributes({
+                    "semserve.cache.status": res.status,
+                    "semserve.cache.similarity": res.similarity,
+                    "semserve.cache.candidates": res.candidates,
+                    "semserve.cache.entry_id": res.entry_id,
+                    "semserve.cache.error": res.error,
+                }))
+                if tracing.audit_full():
+                    span.set_attribute("semserve.cache.prompt", req.prompt)
+                    if res.cached_prompt is not None:
+                        span.set_attribute("semserve.cache.cached_prompt", res.cached_prompt)
+                if res.status == "error":
+                    tracing.fail(span, res.error or "error")
+            return res
+
+    async def _traced_lookup(self, req: CacheRequest) -> LookupResult:
         t0 = time.perf_counter()
         if self._skip(req):
             return self._finish(LookupResult("bypass"), t0)
@@ -250,8 +281,10 @@ class SemanticCache:
         # Redis round trips get the tight budget (a slow Redis must cost only milliseconds); the
         # embedding gets its own, since CPU contention, not Redis, decides how long it takes.
         redis_budget = self.settings.lookup_timeout_ms / 1000.0
-        async with asyncio.timeout(redis_budget):
-            hit = await self.redis_store.get_exact(req)
+        with self._redis_span("HMGET") as span:
+            async with asyncio.timeout(redis_budget):
+                hit = await self.redis_store.get_exact(req)
+            span.set_attribute("semserve.cache.exact_hit", hit is not None)
         res.timings["exact"] = (time.perf_counter() - t) * 1000.0
         await self._redis_up()
         if hit is not None:
@@ -261,36 +294,50 @@ class SemanticCache:
 
         t = time.perf_counter()
         phase.name = "embed"
-        async with asyncio.timeout(self.settings.embed_timeout_ms / 1000.0):
-            res.vector = await self._embed(req.prompt)
+        with tracing.span("semserve.cache.embed"):
+            async with asyncio.timeout(self.settings.embed_timeout_ms / 1000.0):
+                res.vector = await self._embed(req.prompt)
         res.timings["embed"] = (time.perf_counter() - t) * 1000.0
 
         t = time.perf_counter()
         phase.name = "search"
-        try:
-            async with asyncio.timeout(redis_budget):
-                candidates = await self.redis_store.search(req, res.vector, self.settings.knn_k)
-        except ResponseError as e:
-            if not is_missing_index(e):
-                raise
-            # Redis restarted empty without us seeing it fail: recreate, and this one is a miss.
-            await self.ensure_index()
-            candidates = []
+        with self._redis_span("FT.SEARCH", self.redis_store.schema.index_name) as span:
+            try:
+                async with asyncio.timeout(redis_budget):
+                    candidates = await self.redis_store.search(req, res.vector, self.settings.knn_k)
+            except ResponseError as e:
+                if not is_missing_index(e):
+                    raise
+                # Redis restarted empty without us seeing it fail: recreate, and this one is a miss.
+                await self.ensure_index()
+                candidates = []
+            span.set_attribute("db.response.returned_rows", len(candidates))
         res.timings["search"] = (time.perf_counter() - t) * 1000.0
 
         t = time.perf_counter()
         phase.name = "verify"
         candidates = [c for c in candidates if c.similarity >= self.settings.min_similarity]
         res.candidates = len(candidates)
-        for c in candidates:  # best first
-            verdict = self._verify(req.prompt, c.prompt, c.similarity)
-            if verdict.accept:
-                res.status, res.answer, res.verdict = "semantic", c.answer, verdict
-                res.similarity, res.entry_id, res.cached_prompt = c.similarity, c.entry_id, c.prompt
-                break
-            self.counters.verifier_rejections += 1
-            if res.verdict is None:
-                res.similarity, res.verdict = c.similarity, verdict
+        with tracing.span("semserve.cache.verify", semserve__cache__candidates=len(candidates)) as span:
+            for c in candidates:  # best first
+                verdict = self._verify(req.prompt, c.prompt, c.similarity)
+                if verdict.accept:
+                    res.status, res.answer, res.verdict = "semantic", c.answer, verdict
+                    res.similarity, res.entry_id, res.cached_prompt = c.similarity, c.entry_id, c.prompt
+                    break
+                self.counters.verifier_rejections += 1
+                if res.verdict is None:
+                    res.similarity, res.verdict = c.similarity, verdict
+            if span.is_recording():
+                # served: a candidate was accepted; rejected: every candidate was turned down (the
+                # best one's rule is given); none: nothing similar enough to verify.
+                decision = "served" if res.status == "semantic" else "rejected" if candidates else "none"
+                span.set_attributes(tracing.clean_attributes({
+                    "semserve.cache.decision": decision,
+                    "semserve.cache.rule": res.verdict.rule if res.verdict else None,
+                    "semserve.cache.score": res.verdict.score if res.verdict else None,
+                    "semserve.cache.similarity": res.similarity,
+                }))
         res.timings["verify"] = (time.perf_counter() - t) * 1000.0
 
     def _verify(self, query: str, candidate: str, similarity: float) -> Verdict:
@@ -324,14 +371,24 @@ class SemanticCache:
             return False
         if not self._redis_allowed():
             return False
+        with tracing.span("semserve.cache.store", semserve__cache__kind=req.kind) as span:
+            stored = await self._store(req, answer, vector)
+            span.set_attribute("semserve.cache.stored", stored)
+            if not stored:
+                tracing.fail(span, "store_failed")
+            return stored
+
+    async def _store(self, req: CacheRequest, answer: dict[str, Any], vector: np.ndarray | None) -> bool:
         phase = _Phase()
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000.0):
                 if vector is None:
                     phase.name = "embed"
-                    vector = await self._embed(req.prompt)
+                    with tracing.span("semserve.cache.embed"):
+                        vector = await self._embed(req.prompt)
                 phase.name = "put"
-                await self.redis_store.put(req, req.prompt, vector, answer, self.settings.ttl_seconds)
+                with self._redis_span("EVALSHA"):
+                    await self.redis_store.put(req, req.prompt, vector, answer, self.settings.ttl_seconds)
                 await self._redis_up()
         except TimeoutError:
             self.counters.timeouts += 1
@@ -385,13 +442,19 @@ class SemanticCache:
             if fut is None:
                 break
             self.counters.singleflight_joined += 1
-            try:
-                return await asyncio.wait_for(asyncio.shield(fut), self.settings.singleflight_wait_s)
-            except TimeoutError:
-                self.counters.singleflight_wait_timeouts += 1
-                return await produce()
-            except _LeaderCancelled:
-                continue
+            with tracing.span("semserve.cache.singleflight.wait") as span:
+                try:
+                    answer = await asyncio.wait_for(asyncio.shield(fut), self.settings.singleflight_wait_s)
+                    span.set_attribute("semserve.cache.singleflight.outcome", "shared")
+                    return answer
+                except TimeoutError:
+                    self.counters.singleflight_wait_timeouts += 1
+                    span.set_attribute("semserve.cache.singleflight.outcome", "timeout")
+                except _LeaderCancelled:
+                    span.set_attribute("semserve.cache.singleflight.outcome", "leader_cancelled")
+                    continue
+            # Out of the wait span: the request's own predictor call is not part of the wait.
+            return await produce()
 
         self.counters.singleflight_leaders += 1
         fut = asyncio.get_running_loop().create_future()
@@ -429,6 +492,21 @@ class SemanticCache:
             return res, res.answer
         answer = await self.run_once(req, produce, vector=res.vector, should_store=should_store)
         return res, answer
+
+
+def _redis_attributes(store: RedisCacheStore) -> dict[str, Any]:
+    """DB semantic-convention attributes of the store's Redis (test doubles may have none)."""
+    pool = getattr(getattr(store, "client", None), "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {})
+    attrs: dict[str, Any] = {"db__system__name": "redis", "db__system": "redis"}
+    if isinstance(kwargs, dict):
+        if kwargs.get("host"):
+            attrs["server__address"] = str(kwargs["host"])
+        if kwargs.get("port"):
+            attrs["server__port"] = int(kwargs["port"])
+        if kwargs.get("db") is not None:
+            attrs["db__namespace"] = str(kwargs["db"])
+    return attrs
 
 
 class _EmbedError(Exception):

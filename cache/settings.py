@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from cache.schema import DEFAULT_DIM, SCHEMA_VERSION
@@ -17,7 +18,12 @@ class CacheSettings(Settings):
 
     enabled: bool = setting(True, "Use the cache at all; off makes every lookup a bypass.")
     redis_url: str = setting("redis://127.0.0.1:6380/0", "Redis (with RediSearch) URL.")
-    redis_password: str = setting("", "Redis password, if not in the URL.", secret=True)
+    redis_password: str = setting("", "Redis password (AUTH), if not in the URL.", secret=True)
+    ca_file: Path | None = setting(
+        None,
+        "CA bundle (PEM) that verifies the Redis server's certificate; needs a rediss:// URL. "
+        "Empty with rediss://: the system CAs.",
+    )
     deployment: str = setting(
         "default", "Deployment name: part of the index name and key prefix, so deployments never mix."
     )

@@ -127,6 +127,13 @@ def make_client(settings: CacheSettings) -> aioredis.Redis:
     }
     if settings.redis_password:
         kwargs["password"] = settings.redis_password
+    if settings.ca_file is not None:
+        # redis:// connections would reject the TLS arguments only at the first command, as a
+        # TypeError far from the cause: refuse the combination at startup instead.
+        if not settings.redis_url.startswith("rediss://"):
+            raise ValueError("cache ca_file is set but the Redis URL is not rediss:// (TLS)")
+        kwargs["ssl_ca_certs"] = str(settings.ca_file)
+        kwargs["ssl_cert_reqs"] = "required"
     return aioredis.Redis.from_url(settings.redis_url, **kwargs)
 
 

@@ -5,18 +5,23 @@ from __future__ import annotations
 import argparse
 
 from predictors.config import PredictorSettings
+from semserve.tracing import TracingSettings
+
+TRACE_PREFIX = "trace-"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("predictor", help="run the vLLM predictor (KServe v2 + OpenAI)")
     PredictorSettings.add_arguments(parser)
+    TracingSettings.add_arguments(parser, flag_prefix=TRACE_PREFIX)
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     settings = PredictorSettings.from_namespace(args)
+    trace_settings = TracingSettings.from_namespace(args, flag_prefix=TRACE_PREFIX)
     # Imported late: vLLM and torch take seconds to import and `--help` should not wait for them.
     from predictors.server import run
 
-    run(settings)
+    run(settings, trace_settings)
     return 0

@@ -17,6 +17,7 @@ from typing import Any
 
 from predictors import metrics
 from predictors.config import PredictorSettings
+from semserve import tracing
 from semserve.errors import BadRequest, Unavailable
 from semserve.logs import get_logger
 from semserve.sampling import SamplingOptions
@@ -166,7 +167,9 @@ class Engine:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    async def stream(self, prepared: Prepared, request_id: str, protocol: str) -> AsyncIterator[Delta]:
+    async def stream(
+        self, prepared: Prepared, request_id: str, protocol: str, operation: str = "text_completion"
+    ) -> AsyncIterator[Delta]:
         """Yield text pieces as the engine makes them; cancelling the consumer aborts the request."""
         if not self.ready:
             raise Unavailable("the engine is not ready")
@@ -182,6 +185,25 @@ class Engine:
         metrics.IN_FLIGHT.labels(*labels).inc()
         metrics.PROMPT_TOKENS.labels(*labels).inc(prompt_tokens)
         outcome = "error"
+        opts = prepared.options
+        # GenAI semantic conventions: "{operation} {model}". Not made current (this is an async
+        # generator, whose context is its consumer's); its phases are added when it ends.
+        span = tracing.start_child(
+            f"{operation} {self.settings.model_name}",
+            gen_ai__operation__name=operation,
+            gen_ai__system="vllm",
+            gen_ai__request__model=self.settings.model_name,
+            gen_ai__request__max_tokens=opts.max_tokens,
+            gen_ai__request__temperature=opts.temperature,
+            gen_ai__request__top_p=opts.top_p,
+            gen_ai__request__top_k=opts.top_k,
+            gen_ai__request__seed=opts.seed,
+            gen_ai__usage__input_tokens=prompt_tokens,
+            semserve__protocol=protocol,
+            semserve__engine_request_id=engine_id,
+        )
+        timing = _Timing(tracing.now_ns() if span.is_recording() else 0)
+        finish_reason: str | None = None
         try:
             generator = self.llm.generate(
                 TokensPrompt(prompt_token_ids=prepared.token_ids),
@@ -192,9 +214,12 @@ class Engine:
                 piece = out.outputs[0]
                 new_tokens = len(piece.token_ids)
                 now = time.monotonic()
+                timing.stats = out.metrics
                 if new_tokens:
                     if tokens == 0:
                         metrics.TTFT.labels(*labels).observe(now - started)
+                        if timing.started_ns:
+                            timing.first_token_ns = tracing.now_ns()
                         if new_tokens > 1:
                             metrics.ITL.labels(*labels).observe((now - started) / new_tokens)
                     else:
@@ -202,6 +227,7 @@ class Engine:
                     last = now
                 tokens += new_tokens
                 finish = piece.finish_reason if out.finished else None
+                finish_reason = finish or finish_reason
                 if piece.text or finish:
                     yield Delta(piece.text, tokens, finish, prompt_tokens)
             outcome = "ok"
@@ -211,16 +237,23 @@ class Engine:
             metrics.ABORTED.labels(*labels).inc()
             log.info("generation_aborted", engine_request_id=engine_id, tokens=tokens)
             raise
+        except BaseException as exc:
+            tracing.fail(span, exc)
+            raise
         finally:
             metrics.IN_FLIGHT.labels(*labels).dec()
             metrics.COMPLETION_TOKENS.labels(*labels).inc(tokens)
             metrics.REQUESTS.labels(*labels, outcome).inc()
             metrics.REQUEST_LATENCY.labels(*labels).observe(time.monotonic() - started)
+            if span.is_recording():
+                _end_generation_span(span, timing, tokens, finish_reason, outcome)
 
-    async def generate(self, prepared: Prepared, request_id: str, protocol: str) -> Generated:
+    async def generate(
+        self, prepared: Prepared, request_id: str, protocol: str, operation: str = "text_completion"
+    ) -> Generated:
         pieces: list[str] = []
         final: Delta | None = None
-        async for delta in self.stream(prepared, request_id, protocol):
+        async for delta in self.stream(prepared, request_id, protocol, operation):
             pieces.append(delta.text)
             final = delta
         if final is None:
@@ -237,3 +270,63 @@ class Engine:
             tasks = [tg.create_task(self.generate(p, f"{request_id}-{i}", protocol)) for i, p in
                      enumerate(prepared)]
         return [t.result() for t in tasks]
+
+
+@dataclass
+class _Timing:
+    """What the generation span's phases are made of."""
+
+    started_ns: int  # 0: not traced
+    first_token_ns: int = 0  # when the first token reached this process
+    stats: Any = None  # vLLM's RequestStateStats (engine-core monotonic timestamps), if log_stats
+
+
+def _end_generation_span(
+    span: Any, timing: _Timing, tokens: int, finish_reason: str | None, outcome: str
+) -> None:
+    """Close the generation span with its usage and three sequential children that add up to it:
+    queue (arrival to first scheduled), prefill (to the first token) and decode (to the end).
+
+    The phase boundaries come from vLLM's engine-core timestamps (time.monotonic() in the engine
+    process; CLOCK_MONOTONIC is one clock for every process of a Linux host), converted to wall
+    time once, here. Without them (--no-log-stats) only the time to the first token as seen by
+    this process is known: queue and prefill are then one span, marked approximate.
+    """
+    end_ns = tracing.now_ns()
+    start_ns = timing.started_ns
+    mono_now = time.monotonic()
+
+    def wall(ts: float) -> int:
+        # Clamped into the parent: a few µs of clock-read skew must not make a child outlive it.
+        raw = tracing.monotonic_to_ns(ts, mono_now=mono_now, wall_now_ns=end_ns)
+        return min(max(raw, start_ns), end_ns)
+
+    stats = timing.stats
+    first_ns = timing.first_token_ns
+    phases: list[tuple[str, int, int]] = []
+    if stats is not None and getattr(stats, "scheduled_ts", 0.0) > 0.0:
+        scheduled_ns = wall(stats.scheduled_ts)
+        if getattr(stats, "first_token_ts", 0.0) > 0.0:
+            first_ns = max(wall(stats.first_token_ts), scheduled_ns)
+        phases.append(("vllm.queue", start_ns, scheduled_ns))
+        if first_ns:
+            phases.append(("vllm.prefill", scheduled_ns, first_ns))
+        span.set_attribute("semserve.timing_source", "engine")
+        span.set_attribute("semserve.preemptions", int(getattr(stats, "num_preemptions", 0)))
+    elif first_ns:
+        phases.append(("vllm.queue_and_prefill", start_ns, first_ns))
+        span.set_attribute("semserve.timing_source", "frontend-approximate")
+    if first_ns:
+        phases.append(("vllm.decode", first_ns, end_ns))
+        span.add_event("gen_ai.first_token", timestamp=first_ns)
+        span.set_attribute("gen_ai.server.time_to_first_token", (first_ns - start_ns) / 1e9)
+        if len(phases) > 1 and phases[0][0] == "vllm.queue":
+            span.set_attribute("semserve.queue_time_s", (phases[0][2] - phases[0][1]) / 1e9)
+    parent = tracing.context_of(span)
+    for name, a, b in phases:
+        tracing.start_child(name, parent=parent, start_ns=a).end(end_time=b)
+    span.set_attribute("gen_ai.usage.output_tokens", tokens)
+    span.set_attribute("semserve.outcome", outcome)
+    if finish_reason:
+        span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+    span.end(end_time=end_ns)

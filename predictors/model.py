@@ -10,7 +10,7 @@ from kserve.errors import InvalidInput
 
 from predictors.config import PredictorSettings
 from predictors.engine import Engine
-from semserve import v2
+from semserve import tracing, v2
 from semserve.errors import BadRequest, Unavailable
 from semserve.serving import Unavailable503
 
@@ -55,6 +55,7 @@ class VLLMPredictor(kserve.Model):
             raise Unavailable503(f"model {self.name} is not ready: the engine is still starting")
         protocol = "v2-grpc" if payload.from_grpc else "v2-rest"
         request_id = payload.id or (headers or {}).get("x-request-id") or ""
+        tracing.annotate(semserve__protocol=protocol, gen_ai__request__model=self.name)
         try:
             request = v2.parse_request(payload, self.settings.max_batch_size)
             prepared = [

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from predictors.config import PredictorSettings
 from predictors.engine import Delta, Engine, Prepared
 from semserve import openai_protocol as oa
+from semserve import tracing
 from semserve.errors import BadRequest, NotFound
 from semserve.openai_routes import RequestContext
 
@@ -24,6 +25,7 @@ class PredictorOpenAI:
         return [oa.model_card(self.name, int(self.engine.started_at or 0))]
 
     def _check_model(self, model: str) -> None:
+        tracing.annotate(semserve__protocol=PROTOCOL, gen_ai__request__model=model)
         if model != self.name:
             raise NotFound(f"model {model!r} not found; this server serves {self.name!r}", "model")
 
@@ -79,7 +81,7 @@ class PredictorOpenAI:
         rid, created = oa.new_id("chatcmpl"), oa.now()
         if req.stream:
             return self._stream_chat(prepared, rid, created, ctx, req.include_usage)
-        result = await self.engine.generate(prepared, ctx.request_id, PROTOCOL)
+        result = await self.engine.generate(prepared, ctx.request_id, PROTOCOL, "chat")
         return oa.chat_completion(
             rid,
             self.name,
@@ -96,7 +98,7 @@ class PredictorOpenAI:
         # OpenAI sends the role first, in a chunk of its own with empty content.
         yield oa.chat_chunk(rid, self.name, created, "", role=True)
         completion_tokens = 0
-        async for delta in self.engine.stream(prepared, ctx.request_id, PROTOCOL):
+        async for delta in self.engine.stream(prepared, ctx.request_id, PROTOCOL, "chat"):
             completion_tokens = delta.completion_tokens
             if delta.text:
                 yield oa.chat_chunk(rid, self.name, created, delta.text)

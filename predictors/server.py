@@ -10,7 +10,7 @@ from predictors.config import PredictorSettings
 from predictors.engine import Engine
 from predictors.model import VLLMPredictor
 from predictors.openai_backend import PredictorOpenAI
-from semserve import logs, model_prep
+from semserve import logs, model_prep, tracing
 from semserve.openai_routes import register_openai_routes
 from semserve.serving import SemserveModelServer
 
@@ -27,9 +27,12 @@ def resolve_model_dir(settings: PredictorSettings) -> Path:
     return model_prep.prepare().model_dir
 
 
-def run(settings: PredictorSettings) -> None:
+def run(settings: PredictorSettings, trace_settings: tracing.TracingSettings | None = None) -> None:
     logs.configure(settings.log_level)
     log.info("predictor_settings", **{k: str(v) for k, v in settings.public_dict().items()})
+    trace_settings = trace_settings or tracing.TracingSettings.from_env()
+    if tracing.setup(trace_settings, "predictor"):
+        log.info("tracing", **trace_settings.public_dict())
     model_dir = resolve_model_dir(settings)
     engine = Engine(settings, model_dir)
     model = VLLMPredictor(settings, engine)
@@ -47,5 +50,8 @@ def run(settings: PredictorSettings) -> None:
         max_body_bytes=settings.max_body_bytes,
         setup_app=setup,
     )
-    server.start([model])
+    try:
+        server.start([model])
+    finally:
+        tracing.shutdown()
     log.info("predictor_stopped")

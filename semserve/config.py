@@ -32,7 +32,7 @@ def setting(
     choices: tuple[str, ...] | None = None,
     secret: bool = False,
 ) -> Any:
-    """Declare a setting. `secret` ones are never shown with their value and are best given by env."""
+    """Declare a setting. `secret` ones have no flag (env or files only) and are never shown."""
     return dataclasses.field(
         default=default, metadata={"help": help, "choices": choices, "secret": secret}
     )
@@ -101,12 +101,15 @@ class Settings:
         for f in cls._fields():
             tp, _ = _base_type(f.type)
             meta = f.metadata
+            if meta.get("secret"):
+                # No flag at all: a value on the command line is readable by every local user in
+                # `ps` and /proc/<pid>/cmdline, and ends up in shell history. Secrets come from the
+                # environment (a Kubernetes Secret) or from files; argparse rejects the flag.
+                continue
             kwargs: dict[str, Any] = {
                 "dest": dest_prefix + f.name,
                 "default": argparse.SUPPRESS,
-                "help": f"{meta['help']} [env {cls.env_name(f)}; default {f.default!r}]"
-                if not meta.get("secret")
-                else f"{meta['help']} [env {cls.env_name(f)}]",
+                "help": f"{meta['help']} [env {cls.env_name(f)}; default {f.default!r}]",
             }
             if tp is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
@@ -144,10 +147,11 @@ class Settings:
     def markdown_table(cls, flag_prefix: str = "") -> str:
         rows = ["| flag | env | default | meaning |", "| --- | --- | --- | --- |"]
         for f in cls._fields():
-            default = "" if f.metadata.get("secret") else f"`{f.default}`"
-            rows.append(
-                f"| `{cls.flag(f, flag_prefix)}` | `{cls.env_name(f)}` | {default} | {f.metadata['help']} |"
-            )
+            secret = f.metadata.get("secret")
+            default = "" if secret else f"`{f.default}`"
+            # Secrets have no flag (see add_arguments): the env var is the only way in.
+            flag = "(env only)" if secret else f"`{cls.flag(f, flag_prefix)}`"
+            rows.append(f"| {flag} | `{cls.env_name(f)}` | {default} | {f.metadata['help']} |")
         return "\n".join(rows)
 
     def public_dict(self) -> dict[str, Any]:

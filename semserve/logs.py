@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from opentelemetry import trace
+
 # The request id of the request being served, so every line logged while serving it carries it.
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -34,6 +36,12 @@ class JsonFormatter(logging.Formatter):
         rid = request_id_var.get()
         if rid is not None and "request_id" not in entry:
             entry["request_id"] = rid
+        # The trace of the request being served (a client's traceparent continues into it), so a
+        # log line leads to its trace and back. Invalid (no tracing, no request): nothing added.
+        sc = trace.get_current_span().get_span_context()
+        if sc.is_valid:
+            entry["trace_id"] = f"{sc.trace_id:032x}"
+            entry["span_id"] = f"{sc.span_id:016x}"
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)

@@ -44,7 +44,10 @@ def _number(name: str, value: Any, kind: type) -> Any:
                 raise BadRequest(f"{name} must be an integer, got {value}", name)
             value = int(value)
         return value
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond the float range, e.g. `"top_p": 10**400` in JSON
+        raise BadRequest(f"{name} must be finite", name) from None
     if not math.isfinite(value):
         raise BadRequest(f"{name} must be finite", name)
     return value

@@ -32,12 +32,15 @@ from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.rest.server import RESTServer
 
+from semserve import tracing
 from semserve.logs import get_logger, request_id_var
 
 log = get_logger("semserve.serving")
 
 # Probes and scrapes are never refused or counted as work, or a draining pod could not report it.
 EXEMPT_PATHS = ("/v2/health/live", "/v2/health/ready", "/metrics", "/")
+# Not traced either: probes would flood the traces, and reading spans must not make new ones.
+UNTRACED_PATHS = (*EXEMPT_PATHS, tracing.DEBUG_SPANS_PATH)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -119,6 +122,7 @@ class HttpGuard:
         exempt = path in EXEMPT_PATHS
         started = time.monotonic()
         status_holder = {"status": 0}
+        traced = None if path in UNTRACED_PATHS else _http_span(scope, headers, rid)
         try:
             if self.state.draining and not exempt:
                 status_holder["status"] = 503
@@ -152,6 +156,7 @@ class HttpGuard:
                     status=status_holder["status"],
                     duration_ms=round((time.monotonic() - started) * 1000, 2),
                 )
+            _end_http_span(traced, scope, status_holder["status"])
             request_id_var.reset(token)
 
     async def _read_body(self, receive: Receive) -> tuple[bytes | None, bool]:
@@ -187,7 +192,11 @@ class HttpGuard:
             if message["type"] == "http.response.start":
                 status["status"] = message["status"]
                 message = dict(message)
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                extra = [(b"x-request-id", rid.encode())]
+                answer = tracing.traceresponse(tracing.trace.get_current_span())
+                if answer is not None:
+                    extra.append((b"traceresponse", answer.encode()))
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         app_task = asyncio.ensure_future(self.app(scope, replay, send_with_id))
@@ -211,6 +220,47 @@ class HttpGuard:
             status["status"] = 499  # nginx's "client closed request": nobody is left to answer
         finally:
             watcher.cancel()
+
+
+def _http_span(scope: Scope, headers: dict[str, str], rid: str) -> Any:
+    """The request's SERVER span (HTTP semantic conventions), continuing a client's traceparent."""
+    if not tracing.enabled():
+        return None
+    method = scope.get("method", "GET")
+    server = scope.get("server") or ("", 0)
+    client = scope.get("client") or ("", 0)
+    return tracing.start_server_span(
+        method,  # renamed to "METHOD /route/template" once routing has matched
+        headers,
+        {
+            "http.request.method": method,
+            "url.path": scope["path"],
+            "url.scheme": scope.get("scheme", "http"),
+            "server.address": str(server[0]),
+            "server.port": int(server[1] or 0),
+            "client.address": str(client[0]),
+            "network.protocol.name": "http",
+            "network.protocol.version": str(scope.get("http_version", "1.1")),
+            "user_agent.original": headers.get("user-agent", ""),
+            "semserve.request_id": rid,
+        },
+    )
+
+
+def _end_http_span(traced: Any, scope: Scope, status: int) -> None:
+    if traced is None:
+        return
+    span = traced[0]
+    # FastAPI's router leaves the matched route in the scope it was given (the one we passed down).
+    route = getattr(scope.get("route"), "path", None)
+    if route:
+        span.set_attribute("http.route", route)
+        span.update_name(f"{scope.get('method', 'GET')} {route}")
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_attribute("error.type", str(status))
+    # 4xx are the client's errors: not a server span error (HTTP semantic conventions).
+    tracing.end_server_span(traced, error=status >= 500)
 
 
 def _too_large(limit: int) -> dict[str, str]:
@@ -241,6 +291,7 @@ class GrpcGuard(aio.ServerInterceptor):
             token = request_id_var.set(rid)
             started = time.monotonic()
             code = "OK"
+            traced = _grpc_span(method, metadata, rid, context) if guarded else None
             try:
                 if guarded and self.state.draining:
                     code = "UNAVAILABLE"
@@ -266,6 +317,7 @@ class GrpcGuard(aio.ServerInterceptor):
                         code=code,
                         duration_ms=round((time.monotonic() - started) * 1000, 2),
                     )
+                _end_grpc_span(traced, context, code)
                 request_id_var.reset(token)
 
         return grpc.unary_unary_rpc_method_handler(
@@ -273,6 +325,52 @@ class GrpcGuard(aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+def _grpc_span(method: str, metadata: dict[str, Any], rid: str, context: aio.ServicerContext) -> Any:
+    """The call's SERVER span (RPC semantic conventions), continuing the caller's traceparent."""
+    if not tracing.enabled():
+        return None
+    service, _, name = method.lstrip("/").rpartition("/")
+    carrier = {str(k).lower(): v for k, v in metadata.items() if isinstance(v, str)}
+    traced = tracing.start_server_span(
+        method.lstrip("/"),
+        carrier,
+        {
+            "rpc.system": "grpc",
+            "rpc.service": service,
+            "rpc.method": name,
+            "network.protocol.name": "http",
+            "network.protocol.version": "2",
+            "client.address": (context.peer() or "").rpartition(":")[0],
+            "semserve.request_id": rid,
+        },
+    )
+    answer = tracing.traceresponse(traced[0]) if traced else None
+    if answer is not None:
+        # Back to the caller in the trailing metadata, like the HTTP traceresponse header.
+        with contextlib.suppress(Exception):
+            context.set_trailing_metadata((("traceresponse", answer),))
+    return traced
+
+
+# Names of grpc.StatusCode by our guard's outcome when the context cannot tell (older grpcio).
+_GRPC_CODES = {"OK": 0, "CANCELLED": 1, "ERROR": 2, "UNAVAILABLE": 14}
+
+
+def _end_grpc_span(traced: Any, context: aio.ServicerContext, outcome: str) -> None:
+    if traced is None:
+        return
+    code: Any = None
+    with contextlib.suppress(Exception):
+        code = context.code()  # set by abort() (KServe's interceptor turns errors into aborts)
+    value = code.value[0] if isinstance(code, grpc.StatusCode) else (
+        int(code) if isinstance(code, int) else _GRPC_CODES.get(outcome, 2)
+    )
+    traced[0].set_attribute("rpc.grpc.status_code", value)
+    # RPC semantic conventions: server spans are errors for these codes only.
+    error = value in (2, 4, 12, 13, 14, 15)
+    tracing.end_server_span(traced, error=error)
 
 
 class _ReadinessDataPlane(DataPlane):
@@ -405,6 +503,7 @@ class SemserveModelServer(kserve.ModelServer):
         if self.setup_app is not None:
             # Before KServe's routes, so ours win where a path is shared.
             self.setup_app(app)
+        tracing.register_debug_routes(app)  # memory exporter only
         rest.create_application()
         app.add_exception_handler(RequestValidationError, _validation_error)
         # KServe raises InferenceError (a 500) while decoding tensors a client sent wrongly,

@@ -48,6 +48,9 @@ def predictor() -> Iterator[Predictor]:
             "--grpc-port", str(grpc_port),
             "--max-body-bytes", str(256 * 1024),
             "--grace-period-s", "60",
+            # Spans kept in process and readable at /debug/spans (tests/test_tracing.py). Ratio 0:
+            # only requests whose caller sampled a trace record, so other tests pay nothing.
+            "--trace-exporter", "memory", "--trace-sample-ratio", "0",
         ],
         LOG_DIR / "predictor.log",
     ).start()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 
 from cache.settings import CacheSettings
+from semserve.tracing import TracingSettings
 from transformers_svc.config import TransformerSettings
 
-PREFIXES = {"cache": "cache-", "embed": "embed-", "verify": "verify-"}
+PREFIXES = {"cache": "cache-", "embed": "embed-", "verify": "verify-", "trace": "trace-"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     EmbedderSettings.add_arguments(parser, flag_prefix=PREFIXES["embed"])
     VerifierSettings.add_arguments(parser, flag_prefix=PREFIXES["verify"])
+    TracingSettings.add_arguments(parser, flag_prefix=PREFIXES["trace"])
     parser.set_defaults(func=_run)
     register_auth(sub)
 
@@ -34,6 +36,7 @@ def _run(args: argparse.Namespace) -> int:
         CacheSettings.from_namespace(args, flag_prefix=PREFIXES["cache"]),
         EmbedderSettings.from_namespace(args, flag_prefix=PREFIXES["embed"]),
         VerifierSettings.from_namespace(args, flag_prefix=PREFIXES["verify"]),
+        TracingSettings.from_namespace(args, flag_prefix=PREFIXES["trace"]),
     )
     return 0
 

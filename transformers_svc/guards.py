@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from semserve import tracing
 from semserve.errors import ServingError
 from semserve.openai_protocol import error_body
 from semserve.serving import EXEMPT_PATHS
@@ -32,7 +33,7 @@ class HttpAuth:
             await self.app(scope, receive, send)
             return
         try:
-            tenant = self.auth.tenant_for(headers)
+            tenant = _authenticate(self.auth, headers)
         except ServingError as exc:
             await _reject(send, exc, openai=scope["path"].startswith("/openai/"))
             return
@@ -41,6 +42,20 @@ class HttpAuth:
             await self.app(scope, receive, send)
         finally:
             tenant_var.reset(token)
+
+
+def _authenticate(auth: Authenticator, headers: dict[str, str]) -> str:
+    """The tenant of the key, in an `auth` span; the tenant also goes on the request span."""
+    with tracing.span("semserve.auth") as span:
+        try:
+            tenant = auth.tenant_for(headers)
+        except ServingError as exc:
+            span.set_attribute("semserve.auth.result", "rejected")
+            tracing.fail(span, type(exc).__name__)
+            raise
+        span.set_attributes({"semserve.auth.result": "ok", "semserve.tenant": tenant})
+    tracing.annotate(semserve__tenant=tenant)
+    return tenant
 
 
 async def _reject(send: Any, exc: ServingError, openai: bool) -> None:
@@ -73,7 +88,7 @@ class GrpcAuth(aio.ServerInterceptor):
 
         async def call(request: Any, context: aio.ServicerContext) -> Any:
             try:
-                tenant = self.auth.tenant_for(metadata)
+                tenant = _authenticate(self.auth, metadata)
             except ServingError as exc:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
             token = tenant_var.set(tenant)

@@ -15,7 +15,7 @@ import kserve
 from kserve import InferRequest, InferResponse
 from kserve.errors import InvalidInput, ModelNotFound
 
-from semserve import v2
+from semserve import tracing, v2
 from semserve.errors import BadRequest, NotFound, Unavailable
 from semserve.serving import Unavailable503
 from transformers_svc import metrics
@@ -54,6 +54,9 @@ class SemanticCacheTransformer(kserve.Model):
         protocol = "v2-grpc" if payload.from_grpc else "v2-rest"
         tenant = tenant_var.get() or self.settings.tenant
         request_id = payload.id or headers.get("x-request-id") or ""
+        tracing.annotate(
+            semserve__protocol=protocol, semserve__tenant=tenant, gen_ai__request__model=self.name
+        )
         try:
             request = v2.parse_request(payload, self.settings.max_batch_size)
             mode = self.front.mode(request.sampling, headers)
@@ -67,6 +70,7 @@ class SemanticCacheTransformer(kserve.Model):
         except Unavailable as exc:
             raise Unavailable503(exc.message) from None
         statuses = [o.status for o in outcomes]
+        tracing.annotate(semserve__cache__status=",".join(statuses))
         for status in set(statuses):
             metrics.REQUEST_SECONDS.labels(self.name, protocol, status).observe(timer.seconds())
         sims = [o.similarity for o in outcomes]

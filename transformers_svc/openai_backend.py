@@ -12,6 +12,7 @@ from typing import Any
 
 from cache.keys import CacheRequest
 from semserve import openai_protocol as oa
+from semserve import tracing
 from semserve.errors import BadRequest, NotFound
 from semserve.openai_routes import RequestContext
 from semserve.sampling import SamplingOptions
@@ -54,9 +55,11 @@ class TransformerOpenAI:
         return [oa.model_card(self.name, 0)]
 
     def _check(self, model: str) -> str:
+        tenant = tenant_var.get() or self.settings.tenant
+        tracing.annotate(semserve__protocol="openai", semserve__tenant=tenant, gen_ai__request__model=model)
         if model != self.name:
             raise NotFound(f"model {model!r} not found; this server serves {self.name!r}", "model")
-        return tenant_var.get() or self.settings.tenant
+        return tenant
 
     # -- chat -------------------------------------------------------------------------------------
 
@@ -243,4 +246,5 @@ class TransformerOpenAI:
                        int(answer["completion_tokens"]))
 
     def _observe(self, outcome: Outcome, timer: Timer) -> None:
+        tracing.annotate(semserve__cache__status=outcome.status)
         metrics.REQUEST_SECONDS.labels(self.name, "openai", outcome.status).observe(timer.seconds())

@@ -12,7 +12,7 @@ from cache.policy import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 from cache.verify import RuleVerifier, VerifierSettings
-from semserve import logs
+from semserve import logs, tracing
 from semserve.openai_routes import register_openai_routes
 from semserve.serving import SemserveModelServer
 from transformers_svc import metrics
@@ -42,9 +42,13 @@ def run(
     cache_settings: CacheSettings,
     embed_settings: EmbedderSettings,
     verify_settings: VerifierSettings,
+    trace_settings: tracing.TracingSettings | None = None,
 ) -> None:
     logs.configure(settings.log_level)
     log.info("transformer_settings", **{k: str(v) for k, v in settings.public_dict().items()})
+    trace_settings = trace_settings or tracing.TracingSettings.from_env()
+    if tracing.setup(trace_settings, "transformer"):
+        log.info("tracing", **trace_settings.public_dict())
     if settings.workers > 1:
         log.warning("workers_ignored", workers=settings.workers,
                     reason="one process per pod; scale with replicas")
@@ -84,5 +88,8 @@ def run(
         wrap_app=wrap,
         grpc_interceptors=(GrpcAuth(auth),) if auth.enabled else (),
     )
-    server.start([model])
+    try:
+        server.start([model])
+    finally:
+        tracing.shutdown()
     log.info("transformer_stopped")

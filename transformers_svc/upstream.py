@@ -15,7 +15,7 @@ from kserve import InferResponse
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 
-from semserve import v2
+from semserve import tracing, v2
 from semserve.errors import BadRequest, NotFound, ServingError, Unavailable
 from semserve.logs import get_logger
 from semserve.sampling import SamplingOptions
@@ -99,14 +99,23 @@ class PredictorClient:
                 ),
             ],
         )
-        try:
-            response = await stub.ModelInfer(
-                request,
-                timeout=self.settings.predictor_timeout_s,
-                metadata=(("x-request-id", request_id),) if request_id else None,
-            )
-        except grpc.aio.AioRpcError as err:
-            raise _from_grpc(err) from None
+        host, _, port = self.settings.predictor_host.rpartition(":")
+        with tracing.span(
+            "inference.GRPCInferenceService/ModelInfer", tracing.SpanKind.CLIENT,
+            rpc__system="grpc", rpc__service="inference.GRPCInferenceService", rpc__method="ModelInfer",
+            server__address=host or None, server__port=int(port) if port.isdigit() else None,
+            gen_ai__request__model=self.model, semserve__prompts=len(prompts),
+        ) as span:
+            # traceparent rides in the metadata: the predictor's span continues this trace.
+            metadata = tracing.grpc_metadata((("x-request-id", request_id),) if request_id else ())
+            try:
+                response = await stub.ModelInfer(
+                    request, timeout=self.settings.predictor_timeout_s, metadata=metadata or None
+                )
+            except grpc.aio.AioRpcError as err:
+                span.set_attribute("rpc.grpc.status_code", err.code().value[0])
+                raise _from_grpc(err) from None
+            span.set_attribute("rpc.grpc.status_code", 0)
         return v2.read_response(InferResponse.from_grpc(response))
 
     async def _rest_infer(
@@ -128,13 +137,28 @@ class PredictorClient:
     # -- OpenAI ---------------------------------------------------------------------------------
 
     async def _post(self, url: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
-        try:
-            resp = await self.http.post(url, json=body, headers=_headers(request_id))
-        except httpx.HTTPError as exc:
-            raise Unavailable(f"predictor unavailable: {type(exc).__name__}: {exc}") from None
-        if resp.status_code != 200:
-            raise _from_http(resp.status_code, resp.content)
-        return resp.json()
+        with tracing.span("POST", tracing.SpanKind.CLIENT, **self._http_attributes(url)) as span:
+            try:
+                resp = await self.http.post(url, json=body, headers=tracing.inject(_headers(request_id)))
+            except httpx.HTTPError as exc:
+                span.set_attribute("error.type", type(exc).__name__)
+                raise Unavailable(f"predictor unavailable: {type(exc).__name__}: {exc}") from None
+            span.set_attribute("http.response.status_code", resp.status_code)
+            if resp.status_code != 200:
+                raise _from_http(resp.status_code, resp.content)
+            return resp.json()
+
+    def _http_attributes(self, url: str) -> dict[str, Any]:
+        if not tracing.recording():
+            return {}  # untraced requests do not pay for building the URL
+        full = self.http.build_request("POST", url).url
+        return {
+            "http__request__method": "POST",
+            "url__full": str(full),
+            "server__address": full.host,
+            "server__port": full.port or (443 if full.scheme == "https" else 80),
+            "gen_ai__request__model": self.model,
+        }
 
     def _check_http(self) -> None:
         if not self.settings.predictor_url:
@@ -161,8 +185,14 @@ class PredictorClient:
         """Parsed SSE chunks from the predictor. Closing this generator closes the connection, and
         the predictor aborts the generation."""
         self._check_http()
+        # An async generator runs in its consumer's context: the span is started, not made current,
+        # and ended here whether the stream completes, fails or is closed early.
+        span = tracing.start_child("POST", tracing.SpanKind.CLIENT, **self._http_attributes(path))
+        headers = tracing.inject(_headers(request_id), tracing.context_of(span))
+        chunks = 0
         try:
-            async with self.http.stream("POST", path, json=body, headers=_headers(request_id)) as resp:
+            async with self.http.stream("POST", path, json=body, headers=headers) as resp:
+                span.set_attribute("http.response.status_code", resp.status_code)
                 if resp.status_code != 200:
                     raise _from_http(resp.status_code, await resp.aread())
                 metrics.PREDICTOR_CALLS.labels(self.model, "openai-stream", "ok").inc()
@@ -175,11 +205,19 @@ class PredictorClient:
                     chunk = json.loads(data)
                     if "error" in chunk:
                         raise Unavailable(f"predictor failed mid-stream: {chunk['error']}")
+                    chunks += 1
                     yield chunk
             raise Unavailable("predictor stream ended without [DONE]")
         except httpx.HTTPError as exc:
             metrics.PREDICTOR_CALLS.labels(self.model, "openai-stream", "Unavailable").inc()
+            tracing.fail(span, exc)
             raise Unavailable(f"predictor unavailable: {type(exc).__name__}: {exc}") from None
+        except ServingError as exc:
+            tracing.fail(span, exc)
+            raise
+        finally:
+            span.set_attribute("semserve.stream.chunks", chunks)
+            span.end()
 
 
 def _headers(request_id: str) -> dict[str, str]:

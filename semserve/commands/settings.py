@@ -16,6 +16,7 @@ TABLES = [
     ("Cache (Redis, policy)", "cache.settings", "CacheSettings", "cache-"),
     ("Embedder", "cache.embedder", "EmbedderSettings", "embed-"),
     ("Verifier", "cache.verify", "VerifierSettings", "verify-"),
+    ("Tracing (predictor and transformer)", "semserve.tracing", "TracingSettings", "trace-"),
 ]
 
 
