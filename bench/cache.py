@@ -10,6 +10,7 @@ process, each path x protocol (v2 REST via httpx, v2 gRPC via grpc.aio) x concur
             --embed-lru-size 0 so every semantic hit pays its embedding, as a new paraphrase does
   miss      fresh prompts through the transformer (embed, KNN, verifier, predictor, store)
   direct    prompts of the same shape straight to the predictor; miss overhead = miss p50 - direct p50
+  floor     the model-ready probe (REST GET / gRPC ModelReady): the client + server stack alone
 
 Miss and direct requests are interleaved in chunks (one request at concurrency 1, one wave of
 `concurrency` requests above), so noise from other work on the machine hits both alike.
@@ -199,6 +200,16 @@ class Clients:
         )
         return _grpc_cache_status(resp)
 
+    async def floor(self, target: Target, protocol: str) -> str:
+        """The model-ready probe: the same server stack and client, no cache and no model work."""
+        if protocol == "rest":
+            r = await self.http.get(f"{target.http}/v2/models/{MODEL}/ready")
+            if r.status_code != 200:
+                raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+        else:
+            await self._stub(target.grpc).ModelReady(self.pb.ModelReadyRequest(name=MODEL), timeout=30)
+        return "floor"
+
     async def close(self) -> None:
         await self.http.aclose()
         for ch in self._channels:
@@ -211,10 +222,11 @@ class Clients:
 
 @dataclass
 class Cell:
-    path: str  # exact | semantic | miss | direct
+    path: str  # floor | exact | semantic | miss | direct
     protocol: str
     concurrency: int
     latencies_ms: list[float] = field(default_factory=list)
+    seconds: float = 0.0  # wall time of the cell's runs (for req/s)
     statuses: Counter[str] = field(default_factory=Counter)
     errors: int = 0
     server_ms: float | None = None  # transformer's own mean request time in this cell
@@ -227,6 +239,10 @@ class Cell:
     @property
     def unexpected(self) -> int:
         return sum(n for s, n in self.statuses.items() if s != self.expected)
+
+    @property
+    def per_s(self) -> float:
+        return len(self.latencies_ms) / self.seconds if self.seconds else float("nan")
 
     @property
     def p50(self) -> float:
@@ -252,7 +268,10 @@ async def _run_into(cell: Cell, clients: Clients, target: Target, prompts: Seque
                 return
             t = time.perf_counter()
             try:
-                status = await clients.call(target, cell.protocol, prompt)
+                if cell.path == "floor":
+                    status = await clients.floor(target, cell.protocol)
+                else:
+                    status = await clients.call(target, cell.protocol, prompt)
             except Exception as e:
                 cell.errors += 1
                 if cell.errors <= 3:
@@ -263,7 +282,9 @@ async def _run_into(cell: Cell, clients: Clients, target: Target, prompts: Seque
             if status == cell.expected:
                 cell.latencies_ms.append(ms)
 
+    started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(cell.concurrency)))
+    cell.seconds += time.perf_counter() - started
 
 
 class ServerStats:
@@ -350,6 +371,10 @@ async def end_to_end(
             await _run_into(Cell("direct", protocol, 1), clients, predictor, miss_prompts(2, rng))
         for protocol in PROTOCOLS:
             for c in levels:
+                floor = Cell("floor", protocol, c)
+                await _run_into(floor, clients, transformer, ["-"] * hit_requests)
+                cells.append(floor)
+                _progress(floor)
                 for path, prompts in (("exact", exact_prompts), ("semantic", semantic_prompts)):
                     cell = Cell(path, protocol, c)
                     await stats.around(cell, _run_into(cell, clients, transformer,
@@ -387,7 +412,8 @@ async def end_to_end(
 def _progress(cell: Cell) -> None:
     extra = f", unexpected {dict(cell.statuses)}" if cell.unexpected else ""
     print(f"  {cell.path:<8} {cell.protocol:<4} c={cell.concurrency:<3} n={len(cell.latencies_ms):<4} "
-          f"p50 {cell.p50:7.2f} ms  p99 {cell.p99:7.2f} ms  errors {cell.errors}{extra}", flush=True)
+          f"{cell.per_s:6.0f}/s p50 {cell.p50:7.2f} ms  p99 {cell.p99:7.2f} ms  errors {cell.errors}{extra}",
+          flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,9 +510,9 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 
 def e2e_table(cells: Sequence[Cell]) -> tuple[str, list[str]]:
     rows = [
-        "| path | protocol | concurrency | n | p50 ms | p99 ms | server mean ms | lookup mean ms "
+        "| path | protocol | concurrency | n | req/s | p50 ms | p99 ms | server mean ms | lookup mean ms "
         "| goal | met | other statuses / errors |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     missed: list[str] = []
     for c in cells:
@@ -512,7 +538,8 @@ def e2e_table(cells: Sequence[Cell]) -> tuple[str, list[str]]:
         if c.errors:
             note = (note + ", " if note else "") + f"errors {c.errors}"
         rows.append(
-            f"| {c.path} | {c.protocol} | {c.concurrency} | {len(c.latencies_ms)} | {_fmt(c.p50)} | "
+            f"| {c.path} | {c.protocol} | {c.concurrency} | {len(c.latencies_ms)} | {_fmt(c.per_s, 0)} | "
+            f"{_fmt(c.p50)} | "
             f"{_fmt(c.p99)} | {_fmt(c.server_ms)} | {_fmt(c.lookup_ms)} | {goal} | {met} | {note or '-'} |"
         )
     return "\n".join(rows), missed
@@ -587,6 +614,7 @@ def main(args: argparse.Namespace) -> int:
     from semserve import model_prep
 
     started = time.monotonic()
+    load_start = os.getloadavg()[0]
     rng = random.Random(args.seed)
     levels = [int(x) for x in str(args.concurrency).split(",") if x]
     max_seqs = max(32, *levels)
@@ -722,9 +750,13 @@ def main(args: argparse.Namespace) -> int:
                 f"embeds its prompt); predictor `--max-num-seqs {max_seqs}`, temperature 0, max_tokens "
                 f"{args.max_tokens}. Hit paths: {len(chosen)} same-answer eval pairs that the offline "
                 f"evaluator serves ({len(exact_prompts)} stored prompts, {len(semantic_prompts)} "
-                f"paraphrases). Miss and direct cells interleaved. Server/lookup means come from the "
-                f"transformer's /metrics. Engine start {predictor.start_s:.0f} s. The machine is shared "
-                f"with other engineers' test runs: figures carry their noise.\n\n"
+                f"paraphrases). Miss and direct cells interleaved. `floor` is the model-ready probe "
+                f"(GET /v2/models/llm/ready, gRPC ModelReady): same client and server stack, no cache "
+                f"work. At concurrency 16 a closed loop on 2 cores measures queueing: p50 is about "
+                f"16 / req/s. Server/lookup means come from the transformer's /metrics. Engine start "
+                f"{predictor.start_s:.0f} s. The machine is shared with other engineers' test runs "
+                f"(1-min load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at "
+                f"the end): figures carry their noise.\n\n"
                 f"{e2e}\n\nMiss overhead (miss p50 - direct p50, same prompt shape, interleaved):\n\n"
                 f"{over}\n\nLookup latency in process, same Redis, same embedder (RedisVL's vectorizer is "
                 f"our ONNX MiniLM), {len(list(dict.fromkeys(p.a for p in pairs)))} stored prompts each, "

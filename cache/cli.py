@@ -42,9 +42,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     CacheSettings.add_arguments(stats)
     stats.set_defaults(func=_stats)
 
-    flush = cs.add_parser("flush", help="delete a tenant's entries (optionally only one model's)")
-    flush.add_argument("--tenant", required=True)
+    flush = cs.add_parser(
+        "flush", help="delete a tenant's entries (optionally only one model's or one revision's)"
+    )
+    flush.add_argument("--tenant", default=None, help="required unless --model-revision is given")
     flush.add_argument("--model", default=None, help="only entries of this model (all revisions)")
+    flush.add_argument(
+        "--model-revision", default=None,
+        help="only entries written under this model revision (every tenant unless --tenant)",
+    )
     CacheSettings.add_arguments(flush)
     flush.set_defaults(func=_flush)
 
@@ -63,10 +69,15 @@ async def _with_store(args: argparse.Namespace, op: str) -> Any:
         if op == "stats":
             return await store.stats(args.tenant)
         if op == "flush":
+            if args.model_revision:
+                deleted = await store.flush_revision(args.model_revision, args.tenant, args.model)
+            else:
+                deleted = await store.flush(args.tenant, args.model)
             return {
                 "tenant": args.tenant,
                 "model": args.model,
-                "deleted": await store.flush(args.tenant, args.model),
+                "model_revision": args.model_revision,
+                "deleted": deleted,
             }
         return await store.inspect(args.tenant, args.limit)
     finally:
@@ -90,6 +101,9 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _flush(args: argparse.Namespace) -> int:
+    if not args.tenant and not args.model_revision:
+        print("error: cache flush needs --tenant (or --model-revision)", file=sys.stderr)
+        return 2
     return _run(args, "flush")
 
 

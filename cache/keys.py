@@ -98,6 +98,8 @@ class CacheRequest:
     context: Any = None  # JSON-able: system prompt, earlier turns, tools, response_format, ...
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model_revision: str | None = None
+    # The cache epoch (CacheSettings.epoch): bumping it makes every older entry unreadable at once.
+    epoch: int = 0
     # Set by the service when this request must not read or write the cache
     # (e.g. Cache-Control: no-store, n > 1, logprobs).
     bypass: bool = False
@@ -161,7 +163,7 @@ def model_tag(model: str) -> str:
 
 def fingerprint(req: CacheRequest, schema_version: int = SCHEMA_VERSION) -> str:
     """sha256 over everything that changes the answer except the last user message (and tenant)."""
-    payload = {
+    payload: dict[str, Any] = {
         "v": schema_version,
         "model": req.model,
         "revision": req.model_revision,
@@ -169,6 +171,9 @@ def fingerprint(req: CacheRequest, schema_version: int = SCHEMA_VERSION) -> str:
         "context": req.context,
         "sampling": req.sampling.canonical(),
     }
+    if req.epoch:
+        # Only when set, so epoch 0 keeps the keys entries were written under before epochs existed.
+        payload["epoch"] = int(req.epoch)
     return _sha256("semserve-fingerprint", canonical_json(payload))
 
 

@@ -34,6 +34,7 @@ No prompt text on any span unless audit-full mode is on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -201,6 +202,11 @@ class SemanticCache:
 
     # -- lookup ------------------------------------------------------------------------------------
 
+    def _scoped(self, req: CacheRequest) -> CacheRequest:
+        """The request in this cache's epoch: the cache owns it, so no caller can read across it."""
+        epoch = self.settings.epoch
+        return req if req.epoch == epoch else dataclasses.replace(req, epoch=epoch)
+
     def _skip(self, req: CacheRequest) -> bool:
         return not self.settings.enabled or req.bypass or not keys.normalize_text(req.prompt)
 
@@ -218,6 +224,7 @@ class SemanticCache:
         return res
 
     async def lookup(self, req: CacheRequest) -> LookupResult:
+        req = self._scoped(req)
         with tracing.span("semserve.cache.lookup", semserve__cache__kind=req.kind) as span:
             res = await self._traced_lookup(req)
             if span.is_recording():
@@ -367,6 +374,7 @@ class SemanticCache:
         self, req: CacheRequest, answer: dict[str, Any], vector: np.ndarray | None = None
     ) -> bool:
         """Write the answer for `req`. Returns False (and never raises) when it could not."""
+        req = self._scoped(req)
         if self._skip(req):
             return False
         if not self._redis_allowed():
@@ -434,6 +442,7 @@ class SemanticCache:
         """Call `produce` once for all concurrent identical requests; the leader stores its answer
         (if `store` and `should_store(answer)`) before the flight closes, so requests arriving in
         between still share it."""
+        req = self._scoped(req)
         if self._skip(req):
             return await produce()
         key = keys.exact_key(req, self.redis_store.schema.version)

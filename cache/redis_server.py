@@ -141,8 +141,16 @@ class RedisServer:
             "--loadmodule", str(search_module()),
         ]  # fmt: skip
         if self.password:
-            cmd += ["--requirepass", self.password]
+            # The password goes in on stdin (see start()), never in argv: argv is public in `ps`.
+            cmd.append("-")
         return cmd
+
+    def _stdin_config(self) -> bytes:
+        if not self.password:
+            return b""
+        # Redis config syntax: a double-quoted string with backslash escapes.
+        quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
+        return f'requirepass "{quoted}"\n'.encode()
 
     def start(self) -> Self:
         if self.running:
@@ -154,12 +162,17 @@ class RedisServer:
         with open(self.data_dir / "stderr.log", "wb") as stderr:
             self.process = subprocess.Popen(
                 self.command(),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if self.password else subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,  # Ctrl-C in a terminal goes to us; we stop it in order
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
+            if self.password:
+                assert self.process.stdin is not None
+                # The server reads its config from stdin until EOF before it starts listening.
+                self.process.stdin.write(self._stdin_config())
+                self.process.stdin.close()
         try:
             self._wait_ready()
         except BaseException:

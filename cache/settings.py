@@ -49,6 +49,12 @@ class CacheSettings(Settings):
     min_similarity: float = setting(
         0.70, "Cosine similarity floor: candidates below it are not even given to the verifier."
     )
+    epoch: int = setting(
+        0,
+        "Cache epoch, part of every key: bumping it makes all older entries unreadable at once "
+        "(they expire by TTL). `semserve tenant promote` bumps it, so the old model's answers are "
+        "not served after a promotion.",
+    )
     degraded_retry_s: float = setting(
         1.0, "While Redis is failing, requests skip it and one probe is let through this often."
     )

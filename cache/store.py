@@ -368,6 +368,56 @@ class RedisCacheStore:
         prefix = self.schema.entry_prefix
         return [k[len(prefix) :] for k in keys_ if k.startswith(prefix)]
 
+    async def flush_revision(
+        self, revision: str, tenant: str | None = None, model: str | None = None, *, batch: int = 1000
+    ) -> int:
+        """Delete the entries written under model revision `revision` (of one tenant and/or model if
+        given, else of every tenant of this deployment). Returns the count.
+
+        The revision is inside the fingerprint (a digest), not an indexed field; the display label
+        `model@revision` stored beside it tells them apart, so the matching entries are found by
+        reading that label back, page by page, before deleting anything."""
+        if not revision:
+            raise ValueError("revision must be non-empty")
+        terms = []
+        if tenant is not None:
+            terms.append(f"@{F_TENANT}:{{{keys.tenant_tag(tenant)}}}")
+        if model is not None:
+            terms.append(f"@{F_MODEL}:{{{keys.model_tag(model)}}}")
+        query = " ".join(terms) or "*"
+        suffix = f"@{revision}"
+        found: list[tuple[str, str]] = []  # (entry id, tenant tag)
+        offset = 0
+        prefix = self.schema.entry_prefix
+        try:
+            while True:
+                res = await self.client.execute_command(
+                    "FT.SEARCH", self.schema.index_name, query,
+                    "RETURN", 2, F_MODEL_NAME, F_TENANT,
+                    "LIMIT", offset, batch, "DIALECT", 2,
+                )  # fmt: skip
+                _, rows = _search_rows(res)
+                for key, f in rows:
+                    label = _s(f.get(F_MODEL_NAME, b""))
+                    if key.startswith(prefix) and label.endswith(suffix):
+                        found.append((key[len(prefix) :], _s(f.get(F_TENANT, b""))))
+                if len(rows) < batch:
+                    break
+                offset += batch
+        except ResponseError as e:
+            if not is_missing_index(e):
+                raise
+        deleted = 0
+        for start in range(0, len(found), batch):
+            chunk = found[start : start + batch]
+            pipe = self.client.pipeline(transaction=False)
+            pipe.delete(*[self.schema.entry_key(i) for i, _ in chunk])
+            for i, t_tag in chunk:
+                pipe.zrem(self.schema.tenant_zset_key(t_tag), i)
+            deleted += int((await pipe.execute())[0])
+        log.info("cache_flushed", tenant=tenant, model=model, revision=revision, deleted=deleted)
+        return deleted
+
     async def flush(self, tenant: str, model: str | None = None, *, batch: int = 1000) -> int:
         """Delete a tenant's entries (only those of `model`, all revisions, if given). Returns the count."""
         t_tag = keys.tenant_tag(tenant)

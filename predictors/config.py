@@ -37,6 +37,9 @@ class PredictorSettings(Settings):
     default_max_tokens: int = setting(128, "max_tokens when a request gives none.")
     max_batch_size: int = setting(64, "Most prompts one v2 request may carry (text_input shape [B]).")
     max_body_bytes: int = setting(4 * 1024 * 1024, "Largest request body accepted; larger gets 413.")
+    max_header_bytes: int = setting(
+        64 * 1024, "Largest HTTP request head (request line + headers) accepted; larger gets 431."
+    )
     grace_period_s: float = setting(30.0, "On SIGTERM, how long in-flight requests may take to finish.")
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
     log_stats: bool = setting(True, "Keep vLLM's own stats, exported as vllm:* metrics.")

@@ -48,6 +48,7 @@ def run(settings: PredictorSettings, trace_settings: tracing.TracingSettings | N
         grpc_port=settings.grpc_port,
         grace_period=settings.grace_period_s,
         max_body_bytes=settings.max_body_bytes,
+        max_header_bytes=settings.max_header_bytes,
         setup_app=setup,
     )
     try:

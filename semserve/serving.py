@@ -25,14 +25,14 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from grpc import aio
-from kserve.errors import InferenceError, ServerNotReady
+from kserve.errors import InferenceError, InvalidInput, ServerNotReady
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.rest.server import RESTServer
 
-from semserve import tracing
+from semserve import http_limits, tracing
 from semserve.logs import get_logger, request_id_var
 
 log = get_logger("semserve.serving")
@@ -299,7 +299,9 @@ class GrpcGuard(aio.ServerInterceptor):
                 if guarded:
                     self.state.enter()
                 try:
-                    return await inner(request, context)
+                    response = await inner(request, context)
+                    _grpc_traceresponse(traced, context)
+                    return response
                 except asyncio.CancelledError:
                     code = "CANCELLED"
                     raise
@@ -346,12 +348,17 @@ def _grpc_span(method: str, metadata: dict[str, Any], rid: str, context: aio.Ser
             "semserve.request_id": rid,
         },
     )
+    return traced
+
+
+def _grpc_traceresponse(traced: Any, context: aio.ServicerContext) -> None:
+    """The server span back to the caller in the trailing metadata, like the HTTP traceresponse
+    header. Set only once the handler has returned: KServe's servicer reads the trailing metadata
+    as request headers and expects grpc's own metadatum objects there."""
     answer = tracing.traceresponse(traced[0]) if traced else None
     if answer is not None:
-        # Back to the caller in the trailing metadata, like the HTTP traceresponse header.
         with contextlib.suppress(Exception):
             context.set_trailing_metadata((("traceresponse", answer),))
-    return traced
 
 
 # Names of grpc.StatusCode by our guard's outcome when the context cannot tell (older grpcio).
@@ -388,6 +395,17 @@ class _ReadinessDataPlane(DataPlane):
                 return False
         return await super().ready()
 
+    def decode_inference_request(self, body: Any, headers: Any, model_name: str) -> Any:
+        # KServe's decoding of a client's body (the binary tensor extension above all) raises
+        # TypeError/KeyError/ValueError on malformed input, e.g. a JSON header that is `null` or a
+        # non-numeric inference-header-content-length; those are the client's error, a 400.
+        try:
+            return super().decode_inference_request(body, headers, model_name)
+        except (InferenceError, InvalidInput):
+            raise
+        except Exception as exc:
+            raise InvalidInput(f"malformed inference request: {type(exc).__name__}: {exc}") from None
+
 
 class _QuietServer(uvicorn.Server):
     # Signals are ours: uvicorn's handler would stop accepting before readiness turned false.
@@ -419,6 +437,7 @@ class SemserveModelServer(kserve.ModelServer):
         grpc_port: int,
         grace_period: float,
         max_body_bytes: int,
+        max_header_bytes: int = http_limits.DEFAULT_MAX_HEADER_BYTES,
         setup_app: Callable[[FastAPI], None] | None = None,
         wrap_app: Callable[[Any], Any] | None = None,
         grpc_interceptors: tuple[aio.ServerInterceptor, ...] = (),
@@ -437,6 +456,7 @@ class SemserveModelServer(kserve.ModelServer):
         self.host = host
         self.grace = grace_period
         self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
         self.setup_app = setup_app
         # An inner ASGI layer (e.g. the transformer's auth), run inside the guard.
         self.wrap_app = wrap_app
@@ -463,6 +483,8 @@ class SemserveModelServer(kserve.ModelServer):
             timeout_graceful_shutdown=max(1, int(self.grace)),
             timeout_keep_alive=self.timeout_keep_alive,
             loop="asyncio",
+            # httptools alone buffers request heads of any size; ours answers 431 past the limit.
+            **http_limits.uvicorn_options(self.max_header_bytes),
         )
         self._uvicorn = _QuietServer(config)
         tasks = [asyncio.ensure_future(self._uvicorn.serve())]

@@ -15,6 +15,8 @@ are printed as one line, `semserve tenant <cmd>: ...`, with exit status 1; never
 from __future__ import annotations
 
 import argparse
+import copy
+import hashlib
 import json
 import os
 import re
@@ -60,6 +62,23 @@ PLURALS = {
 }
 ISVC_API = "serving.kserve.io/v1beta1"
 PA_API = "autoscaling.internal.knative.dev/v1alpha1"
+KNATIVE_API = "serving.knative.dev/v1"
+# Rollout bookkeeping lives on the InferenceService itself, so any client (or a person with kubectl)
+# sees which model revision serves and which one a rollback returns to.
+REVISION_ANN = "semserve.io/model-revision"
+PREVIOUS_REVISION_ANN = "semserve.io/previous-model-revision"
+ROLLOUT_ANN = "semserve.io/rollout"  # canary | promoted | rolled-back
+CACHE_EPOCH_ANN = "semserve.io/cache-epoch"
+TAG_ROUTING_ANN = "serving.kserve.io/enable-tag-routing"
+REVISION_ENV = "SEMSERVE_TRANSFORMER_MODEL_REVISION"
+EPOCH_ENV = "SEMSERVE_CACHE_EPOCH"
+# The transformer's predictor address (manifests/base): the component's route, split by the
+# predictor's canaryTrafficPercent; during a canary the canary transformer calls the `latest-` tag
+# route instead (KServe tag routing), so what it caches under the new revision comes from the new
+# model only.
+PREDICTOR_HOST_FLAGS = ("--predictor_host=", "--predictor-host=")
+STABLE_PREDICTOR_HOST = "$(ISVC_NAME)-predictor.$(POD_NAMESPACE):80"
+CANARY_PREDICTOR_HOST = "latest-$(ISVC_NAME)-predictor.$(POD_NAMESPACE):80"
 # Per-tenant kinds (named after the tenant); everything else in an overlay is shared by the
 # namespace's tenants (Redis, policies, monitors, runtimes, dashboard).
 TENANT_KINDS = ("InferenceService", "PodDisruptionBudget")
@@ -342,6 +361,30 @@ def component_status(cl: Client, isvc: dict[str, Any], component: str) -> dict[s
             out["desired"] = (dep.get("spec") or {}).get("replicas")
             out["actual"] = (dep.get("status") or {}).get("readyReplicas", 0)
     out["scaled_to_zero"] = out["actual"] == 0 and (out["desired"] in (0, None))
+    out["canary_percent"] = spec.get("canaryTrafficPercent")
+    out["traffic"] = revision_traffic(cl, ns, comp_status) if _mode(isvc) == "Knative" else []
+    return out
+
+
+def revision_traffic(cl: Client, namespace: str, comp_status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each revision that receives traffic (KServe's status.components.<c>.traffic), with the
+    Knative Revision's own readiness: during a canary, both the canary and the previous one."""
+    out = []
+    targets = comp_status.get("traffic") or []
+    for t in targets:
+        name = t.get("revisionName") or ""
+        rev = cl.get_or_none(KNATIVE_API, "Revision", namespace, name) if name else None
+        ready = (_conditions(rev).get("Ready") or {}).get("status", "Unknown") if rev else "Unknown"
+        # Split traffic: the latest revision is the canary, the other the previous rollout.
+        role = "stable" if len(targets) == 1 else "canary" if t.get("latestRevision") else "previous"
+        out.append({
+            "revision": name,
+            "percent": int(t.get("percent") or 0),
+            "tag": t.get("tag") or "",
+            "latest": bool(t.get("latestRevision")),
+            "ready": ready,
+            "role": role,
+        })
     return out
 
 
@@ -349,9 +392,13 @@ def tenant_status(cl: Client, namespace: str, name: str) -> dict[str, Any]:
     isvc = cl.get(ISVC_API, "InferenceService", namespace, name)
     conds = _conditions(isvc)
     ready = conds.get("Ready") or {}
+    anns = (isvc.get("metadata") or {}).get("annotations") or {}
     return {
         "name": name,
         "namespace": namespace,
+        "model_revision": anns.get(REVISION_ANN, ""),
+        "rollout": anns.get(ROLLOUT_ANN, ""),
+        "cache_epoch": anns.get(CACHE_EPOCH_ANN, ""),
         "profile": ((isvc.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, ""),
         "mode": _mode(isvc),
         "ready": ready.get("status", "Unknown"),
@@ -366,6 +413,11 @@ def format_status(st: dict[str, Any]) -> str:
         f"tenant {st['namespace']}/{st['name']}  profile {st['profile'] or '?'}  mode {st['mode']}  "
         f"ready {st['ready']}" + (f" ({st['reason']})" if st["reason"] and st["ready"] != "True" else ""),
         f"url {st['url'] or '-'}",
+        *(
+            [f"model revision {st.get('model_revision') or '-'}  rollout {st.get('rollout') or '-'}  "
+             f"cache epoch {st.get('cache_epoch') or '0'}"]
+            if st.get("model_revision") or st.get("rollout") else []
+        ),
         f"{'component':<12} {'ready':<8} {'revision':<34} {'desired':>7} {'actual':>6}  scaled-to-zero  url",
     ]
     for c in st["components"]:
@@ -378,6 +430,12 @@ def format_status(st: dict[str, Any]) -> str:
             f"{c['component']:<12} {c['ready']:<8} {c['revision'] or '-':<34} {show(c['desired']):>7} "
             f"{show(c['actual']):>6}  {zero:<14}  {c['url'] or '-'}"
         )
+        # One line per revision that takes traffic: during a canary, both (and whether each is ready).
+        for t in c.get("traffic") or []:
+            lines.append(
+                f"  {'└':<10} {t['ready']:<8} {t['revision'] or '-':<34} {t['percent']:>6}%  "
+                f"{t['role'] or '-':<14}  {('tag ' + t['tag']) if t['tag'] else ''}".rstrip()
+            )
     return "\n".join(lines)
 
 
@@ -515,6 +573,184 @@ def _wait(cl: Client, args: argparse.Namespace, done: Any, what: str) -> int:
         time.sleep(min(2.0, args.wait / 10))
 
 
+# --- Rollout: canary, promote, roll back ------------------------------------------------------
+
+
+def _env(container: dict[str, Any], name: str) -> str | None:
+    for e in container.get("env") or []:
+        if e.get("name") == name:
+            return str(e.get("value", ""))
+    return None
+
+
+def _set_env(container: dict[str, Any], name: str, value: str) -> None:
+    env = container.setdefault("env", [])
+    for e in env:
+        if e.get("name") == name:
+            e.clear()
+            e.update({"name": name, "value": value})
+            return
+    env.append({"name": name, "value": value})
+
+
+def _set_predictor_host(container: dict[str, Any], host: str) -> None:
+    args = container.setdefault("args", [])
+    flag = next((a.split("=", 1)[0] + "=" for a in args if a.startswith(PREDICTOR_HOST_FLAGS)),
+                PREDICTOR_HOST_FLAGS[0])
+    container["args"] = [a for a in args if not a.startswith(PREDICTOR_HOST_FLAGS)] + [flag + host]
+
+
+def _rollout_target(cl: Client, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(InferenceService, its transformer container) for a rollout command, or TenantError."""
+    isvc = cl.get(ISVC_API, "InferenceService", args.namespace, args.name)
+    if _mode(isvc) != "Knative":
+        raise TenantError(
+            f"tenant {args.namespace}/{args.name} runs in Standard mode: KServe's canaryTrafficPercent "
+            "needs Knative revisions (roll out Standard tenants with a second InferenceService)"
+        )
+    containers = ((isvc.get("spec") or {}).get("transformer") or {}).get("containers") or []
+    if not containers:
+        raise TenantError(
+            f"tenant {args.namespace}/{args.name} has no transformer container to key the cache"
+        )
+    return isvc, containers[0]
+
+
+def _annotations(isvc: dict[str, Any]) -> dict[str, str]:
+    return dict((isvc.get("metadata") or {}).get("annotations") or {})
+
+
+def default_revision(model: str) -> str:
+    """A revision label for a storageUri: stable (same URI, same label) and short."""
+    return "r" + hashlib.sha256(model.encode()).hexdigest()[:10]
+
+
+def _patch_isvc(cl: Client, args: argparse.Namespace, patch: dict[str, Any]) -> dict[str, Any]:
+    # A merge patch (like wake/sleep): `create` owns the overlay's fields. Lists are replaced whole
+    # by a merge patch, so the transformer's containers are sent complete.
+    return cl.merge_patch(ISVC_API, "InferenceService", args.namespace, args.name, patch)
+
+
+def cmd_rollout(cl: Client, args: argparse.Namespace) -> int:
+    if not 1 <= args.canary <= 99:
+        raise TenantError(f"--canary {args.canary}: a percentage from 1 to 99 (promote gives 100)")
+    isvc, container = _rollout_target(cl, args)
+    anns = _annotations(isvc)
+    if anns.get(ROLLOUT_ANN) == "canary":
+        raise TenantError(
+            f"tenant {args.namespace}/{args.name}: revision {anns.get(REVISION_ANN)} is still a canary; "
+            "`semserve tenant promote` or `semserve tenant rollback` it first"
+        )
+    spec = isvc["spec"]
+    old_model = ((spec.get("predictor") or {}).get("model") or {}).get("storageUri", "")
+    old_rev = anns.get(REVISION_ANN) or _env(container, REVISION_ENV) or default_revision(old_model)
+    new_rev = args.revision or default_revision(args.model)
+    if new_rev == old_rev:
+        raise TenantError(f"revision {new_rev} is already the tenant's; give another --model or --revision")
+    canary_container = copy.deepcopy(container)
+    # The canary transformer keys the cache by the new revision (never reading the old one's
+    # entries) and calls only the new predictor revision, so what it stores is the new model's.
+    # --share-cache: both revisions read and write one set of entries (a fix that does not change
+    # answers, say); the canary then also stores the new model's answers under the old revision.
+    _set_env(canary_container, REVISION_ENV, old_rev if args.share_cache else new_rev)
+    _set_predictor_host(canary_container, CANARY_PREDICTOR_HOST)
+    containers = [canary_container, *spec["transformer"]["containers"][1:]]
+    patch = {
+        "metadata": {"annotations": {
+            REVISION_ANN: new_rev, PREVIOUS_REVISION_ANN: old_rev, ROLLOUT_ANN: "canary",
+            TAG_ROUTING_ANN: "true",
+        }},
+        "spec": {
+            "predictor": {"canaryTrafficPercent": args.canary, "model": {"storageUri": args.model}},
+            "transformer": {"canaryTrafficPercent": args.canary, "containers": containers},
+        },
+    }
+    _patch_isvc(cl, args, patch)
+    key = f"revision {old_rev} (shared, --share-cache)" if args.share_cache else f"revision {new_rev}"
+    print(f"tenant {args.namespace}/{args.name}: canary of {args.model} as revision {new_rev} at "
+          f"{args.canary}% (previous: {old_rev}, {old_model})")
+    print(f"  predictor    canaryTrafficPercent {args.canary}  storageUri {args.model}")
+    print(f"  transformer  canaryTrafficPercent {args.canary}  cache keyed by {key}, "
+          "misses to the latest predictor revision")
+    print(f"next: `semserve tenant status {args.name} -n {args.namespace}` shows both revisions; then "
+          f"`semserve tenant promote {args.name}` or `semserve tenant rollback {args.name}`")
+    return 0
+
+
+def _bump_epoch(container: dict[str, Any], anns: dict[str, str]) -> tuple[int, int]:
+    raw = _env(container, EPOCH_ENV) or anns.get(CACHE_EPOCH_ANN) or "0"
+    old = int(raw) if raw.strip().lstrip("-").isdigit() else 0
+    _set_env(container, EPOCH_ENV, str(old + 1))
+    return old, old + 1
+
+
+def _need_canary(isvc: dict[str, Any], args: argparse.Namespace, verb: str) -> dict[str, str]:
+    anns = _annotations(isvc)
+    if anns.get(ROLLOUT_ANN) != "canary":
+        raise TenantError(
+            f"tenant {args.namespace}/{args.name}: no canary to {verb} (rollout "
+            f"{anns.get(ROLLOUT_ANN) or 'never started'}); start one with `semserve tenant rollout`"
+        )
+    return anns
+
+
+def cmd_promote(cl: Client, args: argparse.Namespace) -> int:
+    isvc, container = _rollout_target(cl, args)
+    anns = _need_canary(isvc, args, "promote")
+    new = copy.deepcopy(container)
+    _set_predictor_host(new, STABLE_PREDICTOR_HOST)
+    # A new epoch: whatever was cached before the promotion (the old model's answers, and those the
+    # stable transformer stored from the split predictor during the canary) is no longer served.
+    old_epoch, epoch = _bump_epoch(new, anns)
+    containers = [new, *isvc["spec"]["transformer"]["containers"][1:]]
+    patch = {
+        "metadata": {"annotations": {ROLLOUT_ANN: "promoted", CACHE_EPOCH_ANN: str(epoch)}},
+        # No canaryTrafficPercent: KServe sends 100 % to the latest ready revision.
+        "spec": {
+            "predictor": {"canaryTrafficPercent": None},
+            "transformer": {"canaryTrafficPercent": None, "containers": containers},
+        },
+    }
+    _patch_isvc(cl, args, patch)
+    rev, prev = anns.get(REVISION_ANN, "?"), anns.get(PREVIOUS_REVISION_ANN, "?")
+    print(f"tenant {args.namespace}/{args.name}: promoted revision {rev} to 100% of traffic")
+    print(f"  cache epoch {old_epoch} -> {epoch}: answers cached before the promotion are not served")
+    print(f"  free their memory now with `semserve cache flush --model-revision {prev}` "
+          "(else they expire by TTL)")
+    return 0
+
+
+def cmd_rollback(cl: Client, args: argparse.Namespace) -> int:
+    isvc, container = _rollout_target(cl, args)
+    anns = _need_canary(isvc, args, "roll back")
+    prev, bad = anns.get(PREVIOUS_REVISION_ANN, ""), anns.get(REVISION_ANN, "")
+    new = copy.deepcopy(container)
+    _set_env(new, REVISION_ENV, prev)
+    _set_predictor_host(new, STABLE_PREDICTOR_HOST)
+    old_epoch, epoch = _bump_epoch(new, anns)
+    containers = [new, *isvc["spec"]["transformer"]["containers"][1:]]
+    patch = {
+        "metadata": {"annotations": {
+            ROLLOUT_ANN: "rolled-back", REVISION_ANN: prev, PREVIOUS_REVISION_ANN: bad,
+            CACHE_EPOCH_ANN: str(epoch),
+        }},
+        "spec": {
+            # 0 %: KServe's rollback, all traffic back on the previous rolled-out predictor revision
+            # at once (its pods are still there; restoring the old spec would start new ones).
+            "predictor": {"canaryTrafficPercent": 0},
+            # The transformer gets a fresh revision keyed by the old model revision, in a new
+            # epoch: nothing cached during the canary (by either transformer) is served again.
+            "transformer": {"canaryTrafficPercent": None, "containers": containers},
+        },
+    }
+    _patch_isvc(cl, args, patch)
+    print(f"tenant {args.namespace}/{args.name}: rolled back to revision {prev}; canary {bad} gets 0%")
+    print("  predictor    canaryTrafficPercent 0 (previous revision serves 100%)")
+    print(f"  transformer  cache keyed by revision {prev}, cache epoch {old_epoch} -> {epoch}")
+    print(f"  drop the canary's entries with `semserve cache flush --model-revision {bad}`")
+    return 0
+
+
 def cmd_delete(cl: Client, args: argparse.Namespace) -> int:
     isvc = cl.get(ISVC_API, "InferenceService", args.namespace, args.name)
     profile = ((isvc.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, "dev")
@@ -537,6 +773,9 @@ COMMANDS = {
     "wake": cmd_wake,
     "sleep": cmd_sleep,
     "delete": cmd_delete,
+    "rollout": cmd_rollout,
+    "promote": cmd_promote,
+    "rollback": cmd_rollback,
 }
 
 
@@ -580,6 +819,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         w.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait until done")
         if verb == "sleep":
             w.add_argument("--force", action="store_true", help="to zero even if the profile keeps pods")
+    r = ts.add_parser("rollout", help="start a canary of a new model (KServe canaryTrafficPercent)")
+    common(r)
+    r.add_argument("--model", required=True, help="the new predictor storageUri")
+    r.add_argument("--canary", type=int, default=10, metavar="PERCENT", help="traffic to the new revision")
+    r.add_argument("--revision", default=None,
+                   help="model revision label for the cache key (default: from the storageUri)")
+    r.add_argument("--share-cache", action="store_true",
+                   help="let the canary read and write the old revision's cache entries")
+    for verb, text in (("promote", "send 100%% to the canary and bump the cache epoch"),
+                       ("rollback", "send 100%% back to the previous revision and bump the cache epoch")):
+        common(ts.add_parser(verb, help=text))
     d = ts.add_parser("delete", help="delete the tenant's InferenceService (and PDBs)")
     common(d)
     d.add_argument("--shared", action="store_true", help="also the namespace's shared objects (Redis, ...)")

@@ -247,8 +247,8 @@ def grpc_request(draw: st.DrawFn) -> pb.ModelInferRequest:
             st.integers(min_value=-2, max_value=3) | st.sampled_from([2**40, 2**62, -(2**62)]), max_size=3)))
         which = draw(st.integers(0, 4))
         if which == 0:
-            t.contents.bytes_contents.extend(draw(st.lists(
-                st.binary(max_size=20) | st.sampled_from([b"Say hi.", b"\xff", b"a\x00b", b"{bad"]), max_size=3)))
+            odd = st.sampled_from([b"Say hi.", b"\xff", b"a\x00b", b"{bad"])
+            t.contents.bytes_contents.extend(draw(st.lists(st.binary(max_size=20) | odd, max_size=3)))
         elif which == 1:
             t.contents.int_contents.extend(draw(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3)))
         elif which == 2:
@@ -444,7 +444,8 @@ def test_grpc_model_infer(target: Target, grpc_loop: asyncio.AbstractEventLoop,
                 return grpc.StatusCode.OK
             except grpc.aio.AioRpcError as err:
                 if err.code() in _BAD_GRPC:
-                    raise AssertionError(f"{target.name} gRPC {err.code()}: {err.details()} for {msg}")
+                    raise AssertionError(
+                        f"{target.name} gRPC {err.code()}: {err.details()} for {msg}") from None
                 return err.code()
 
     grpc_loop.run_until_complete(call())

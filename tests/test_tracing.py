@@ -9,6 +9,7 @@ services are fetched by its trace id from GET /debug/spans and assembled into on
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import uuid
@@ -42,7 +43,9 @@ Tree = tuple[str, list[Any]]
 
 
 @pytest.fixture(scope="module")
-def traced(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Transformer]:
+def traced(
+    predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Transformer]:
     d = tmp_path_factory.mktemp("trace-keys")
     (d / "keys.json").write_text(json.dumps({"tracer": [hash_key(KEY)]}))
     t = start_transformer(NAME, predictor.grpc, predictor.http, redis_url,
@@ -110,7 +113,7 @@ def check_timing(spans: list[dict[str, Any]]) -> None:
         total = sum(k["end_ns"] - k["start_ns"] for k in kids)
         assert total <= parent["end_ns"] - parent["start_ns"] + slack, parent["name"]
         ordered = sorted(kids, key=lambda k: k["start_ns"])
-        for a, b in zip(ordered, ordered[1:], strict=False):
+        for a, b in itertools.pairwise(ordered):
             assert b["start_ns"] >= a["end_ns"] - slack, f"{a['name']} overlaps {b['name']}"
 
 
@@ -228,7 +231,8 @@ def test_openai_miss_over_http_and_semantic_hit(traced: Transformer, predictor: 
     up = by_name(spans, "POST")
     assert up["kind"] == "CLIENT" and up["attributes"]["http.response.status_code"] == 200
     assert up["attributes"]["url.full"].endswith("/openai/v1/chat/completions")
-    assert by_name(spans, "POST /openai/v1/chat/completions", "semserve-predictor")["parent_id"] == up["span_id"]
+    served = by_name(spans, "POST /openai/v1/chat/completions", "semserve-predictor")
+    assert served["parent_id"] == up["span_id"]
 
     tp2, trace2, parent2 = traceparent()
     para = chat(traced, f"How can I reset my password for the portal {topic}?", tp2)

@@ -42,9 +42,15 @@ def register_admin_routes(app: FastAPI, cache: SemanticCache | None, auth: Authe
     async def flush(request: Request) -> JSONResponse:
         async def op() -> Any:
             assert cache is not None
-            tenant = tenant_param(request)
             model = request.query_params.get("model") or None
-            return {"tenant": tenant, "model": model, "deleted": await cache.redis_store.flush(tenant, model)}
+            revision = request.query_params.get("model_revision") or None
+            if revision is not None:
+                tenant: str | None = request.query_params.get("tenant") or None
+                deleted = await cache.redis_store.flush_revision(revision, tenant, model)
+            else:
+                tenant = tenant_param(request)
+                deleted = await cache.redis_store.flush(tenant, model)
+            return {"tenant": tenant, "model": model, "model_revision": revision, "deleted": deleted}
 
         return await guarded(request, op)
 

@@ -53,8 +53,21 @@ class TransformerSettings(Settings):
         "", "Model revision in the cache key, so answers of another revision are never served."
     )
     max_body_bytes: int = setting(4 * 1024 * 1024, "Largest request body accepted; larger gets 413.")
+    max_header_bytes: int = setting(
+        64 * 1024, "Largest HTTP request head (request line + headers) accepted; larger gets 431."
+    )
     max_batch_size: int = setting(64, "Most prompts one v2 request may carry.")
     default_max_tokens: int = setting(128, "max_tokens when a request gives none (as the predictor).")
     grace_period_s: float = setting(30.0, "On SIGTERM, how long in-flight requests may take to finish.")
     workers: int = setting(1, "Accepted for KServe's --workers; this server runs one process.")
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    audit_log: Path | None = setting(
+        None,
+        "Audit log file (JSON lines: time, request id, tenant, route, cache status, latency, prompt "
+        "sha256); empty: no audit log.",
+    )
+    audit_full: bool = setting(
+        False, "Also write each request's prompts and parameters and the answers' text to the audit log."
+    )
+    audit_max_bytes: int = setting(100 * 1024 * 1024, "Audit log size at which it is rotated.")
+    audit_backups: int = setting(5, "Rotated audit log files kept (PATH.1 ... PATH.N).")

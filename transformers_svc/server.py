@@ -15,7 +15,7 @@ from cache.verify import RuleVerifier, VerifierSettings
 from semserve import logs, tracing
 from semserve.openai_routes import register_openai_routes
 from semserve.serving import SemserveModelServer
-from transformers_svc import metrics
+from transformers_svc import audit, metrics
 from transformers_svc.admin import register_admin_routes
 from transformers_svc.auth import Authenticator
 from transformers_svc.config import TransformerSettings
@@ -60,7 +60,14 @@ def run(
     predictor = PredictorClient(settings)
     front = CacheFront(settings, cache)
     model = SemanticCacheTransformer(settings, front, predictor)
-    openai = TransformerOpenAI(settings, front, predictor)
+    openai: Any = TransformerOpenAI(settings, front, predictor)
+    audit_log = audit.from_settings(settings)
+    if audit_log.enabled:
+        # The same objects with one recording call around each request (transformers_svc/audit.py).
+        model = audit.AuditedTransformer(settings, front, predictor)
+        model.audit = audit_log
+        openai = audit.AuditedOpenAI(openai, audit_log)
+        log.info("audit_log", path=str(settings.audit_log), full=settings.audit_full)
 
     async def start_cache() -> None:
         # Best effort: with Redis down the transformer still serves (fail open) and the policy
@@ -84,6 +91,7 @@ def run(
         grpc_port=settings.grpc_port,
         grace_period=settings.grace_period_s,
         max_body_bytes=settings.max_body_bytes,
+        max_header_bytes=settings.max_header_bytes,
         setup_app=setup,
         wrap_app=wrap,
         grpc_interceptors=(GrpcAuth(auth),) if auth.enabled else (),

@@ -1,0 +1,147 @@
+"""The audit log: opt-in JSON lines with a prompt hash (the prompt itself only with --audit-full),
+rotated by size, and never the prompt text in the service's own logs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LOG_DIR, Predictor, Transformer, start_transformer
+from transformers_svc.audit import AuditLog, prompt_hash
+
+FIELDS = {"ts", "request_id", "tenant", "route", "protocol", "status", "cache", "latency_ms", "prompt_sha256"}
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_rotation_and_no_propagation(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl", full=True, max_bytes=2000, backups=2)
+    import time
+
+    for i in range(60):
+        log.record(route="/x", protocol="v2-rest", status=200, cache=["miss"], started=time.monotonic(),
+                   prompts=[f"secret prompt {i}"], request_id=str(i), answers=["a"])
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"], files
+    assert all(p.stat().st_size <= 2500 for p in tmp_path.iterdir())
+    # Full records hold prompts: they go to the audit file only, never to the root logger.
+    assert "secret prompt" not in caplog.text
+    last = _lines(tmp_path / "audit.jsonl")[-1]
+    assert last["request_id"] == "59" and last["request"]["prompts"] == ["secret prompt 59"]
+    assert last["prompt_sha256"] == [hashlib.sha256(b"secret prompt 59").hexdigest()]
+    assert AuditLog(None).enabled is False
+
+
+@pytest.fixture(scope="module")
+def audited(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("audit")
+    t = start_transformer("audit", predictor.grpc, predictor.http, redis_url,
+                          "--audit-log", str(d / "audit.jsonl"), "--log-level", "debug")
+    yield t, d / "audit.jsonl", LOG_DIR / "transformer-audit.log"
+    t.process.stop()
+
+
+def _traffic(t: Transformer, word: str) -> list[str]:
+    """v2, completions, chat (plain and streamed), each twice (a miss, then a hit); returns the
+    prompts sent."""
+    p_v2 = f"Describe the {word} in one word."
+    p_chat = f"Which colour is the {word}?"
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [p_v2]}],
+            "parameters": {"max_tokens": 3, "temperature": 0}}
+    chat = {"model": "llm", "max_tokens": 3, "temperature": 0,
+            "messages": [{"role": "user", "content": p_chat}]}
+    for _ in range(2):
+        rid = uuid.uuid4().hex
+        r = httpx.post(f"{t.http}/v2/models/llm/infer", json=body, headers={"x-request-id": rid}, timeout=60)
+        assert r.status_code == 200, r.text
+        r = httpx.post(f"{t.openai_base}/chat/completions", json=chat, timeout=60)
+        assert r.status_code == 200, r.text
+        with httpx.stream("POST", f"{t.openai_base}/chat/completions", json={**chat, "stream": True},
+                          timeout=60) as s:
+            s.read()
+    r = httpx.post(f"{t.openai_base}/completions", json={"model": "other", "prompt": p_v2}, timeout=60)
+    assert r.status_code == 404
+    return [p_v2, p_chat]
+
+
+def test_audit_lines_carry_hashes_not_prompts(audited) -> None:
+    t, audit_path, service_log = audited
+    word = f"zebrafinch{uuid.uuid4().hex[:6]}"
+    start = audit_path.stat().st_size if audit_path.exists() else 0
+    prompts = _traffic(t, word)
+    entries = [json.loads(line) for line in audit_path.read_text()[start:].splitlines() if line.strip()]
+    assert len(entries) == 7, entries
+    for e in entries:
+        assert FIELDS <= set(e) and "request" not in e and "response" not in e
+        assert e["tenant"] == "default" and e["latency_ms"] >= 0
+    text = audit_path.read_text()
+    assert word not in text  # hashes only
+    v2_lines = [e for e in entries if e["protocol"] == "v2-rest"]
+    assert [e["cache"] for e in v2_lines] == [["miss"], ["exact"]]
+    assert v2_lines[0]["prompt_sha256"] == [prompt_hash(prompts[0])]
+    assert v2_lines[0]["route"] == "/v2/models/llm/infer" and len(v2_lines[0]["request_id"]) == 32
+    chat_lines = [e for e in entries if e["route"] == "/openai/v1/chat/completions"]
+    assert [e["cache"] for e in chat_lines] == [["miss"], ["miss"], ["exact"], ["exact"]] or \
+        sorted(c for e in chat_lines for c in e["cache"]).count("exact") >= 2, chat_lines
+    assert all(e["prompt_sha256"] == [prompt_hash(prompts[1])] for e in chat_lines)
+    errors = [e for e in entries if e["status"] == 404]
+    assert len(errors) == 1 and errors[0]["route"] == "/openai/v1/completions"
+
+
+def test_service_debug_log_has_no_prompt_text(audited) -> None:
+    """At debug level the service log must not carry prompts. Known exception (reported, owned by
+    cache/verify.py and transformers_svc/front.py): the verifier's decision `detail`, which names the
+    content words that differ between the prompt and a cached look-alike. This test fails on any
+    other line that carries prompt words."""
+    t, _, service_log = audited
+    word = f"okapi{uuid.uuid4().hex[:6]}"
+    start = service_log.stat().st_size
+    _traffic(t, word)
+    # A paraphrase, so the verifier runs and logs its decision.
+    chat = {"model": "llm", "max_tokens": 3, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Which colour is the {word} usually?"}]}
+    assert httpx.post(f"{t.openai_base}/chat/completions", json=chat, timeout=60).status_code == 200
+    leaks = []
+    for line in service_log.read_text(errors="replace")[start:].splitlines():
+        if word not in line and "Describe the" not in line and "Which colour" not in line:
+            continue
+        entry = json.loads(line) if line.startswith("{") else {"raw": line}
+        if entry.get("event") in ("verify_decision", "cache_decision"):
+            # Only the `detail` field may name words; the prompt itself never appears whole.
+            rest = {k: v for k, v in entry.items() if k != "detail"}
+            assert word not in json.dumps(rest), entry
+            continue
+        leaks.append(entry)
+    assert leaks == []
+
+
+@pytest.fixture(scope="module")
+def audited_full(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("audit-full")
+    t = start_transformer("audit-full", predictor.grpc, predictor.http, redis_url,
+                          "--audit-log", str(d / "audit.jsonl"), "--audit-full")
+    yield t, d / "audit.jsonl"
+    t.process.stop()
+
+
+def test_audit_full_has_requests_and_answers(audited_full) -> None:
+    t, audit_path = audited_full
+    word = f"gecko{uuid.uuid4().hex[:6]}"
+    prompts = _traffic(t, word)
+    entries = _lines(audit_path)
+    v2_line = next(e for e in entries if e["protocol"] == "v2-rest" and e["prompt_sha256"] == [
+        prompt_hash(prompts[0])])
+    assert v2_line["request"]["prompts"] == [prompts[0]]
+    assert v2_line["request"]["parameters"]["max_tokens"] == 3
+    assert isinstance(v2_line["response"]["texts"][0], str)
+    streamed = [e for e in entries if e["route"] == "/openai/v1/chat/completions"
+                and e["request"]["body"].get("stream")]
+    assert streamed and all(e["response"]["texts"] and e["status"] == 200 for e in streamed)
+    assert streamed[0]["request"]["body"]["messages"][0]["content"] == prompts[1]
