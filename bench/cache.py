@@ -104,7 +104,10 @@ class Proc:
             waited = time.monotonic() - self.started
             if waited > timeout_s:
                 raise TimeoutError(f"{self.name} not ready in {timeout_s:.0f} s; see {self.log}")
-            print(f"  [{self.name}] starting... {waited:.0f}s", end="\r", flush=True)
+            if sys.stdout.isatty():
+                print(f"  [{self.name}] starting... {waited:.0f}s", end="\r", flush=True)
+            elif int(waited) % 30 == 0:
+                print(f"  [{self.name}] starting... {waited:.0f}s", flush=True)
             time.sleep(1)
         self.start_s = time.monotonic() - self.started
         print(f"  [{self.name}] ready in {self.start_s:.0f}s            ", flush=True)
@@ -427,6 +430,7 @@ class PeerLatency:
     theirs_ms: list[float] = field(default_factory=list)
     ours_hits: int = 0
     theirs_hits: int = 0
+    ours_parts: dict[str, list[float]] = field(default_factory=dict)  # ms per lookup phase
 
 
 def _our_cache(redis_url: str, deployment: str, embedder: Any, verifier: Any) -> Any:
@@ -484,6 +488,8 @@ async def peer_latency(
                             ms -= res.timings.get("embed", 0.0)
                         r.ours_ms.append(ms)
                         r.ours_hits += res.hit
+                        for part, v in res.timings.items():
+                            r.ours_parts.setdefault(part, []).append(v)
                     elif r is results[2]:
                         ms, hit = theirs.timed_check_vector(vectors[p])
                         r.theirs_ms.append(ms)
@@ -583,6 +589,13 @@ def peer_latency_table(results: Sequence[PeerLatency], version: str) -> str:
             f"| {r.kind} | {o50:.2f} / {o99:.2f} | {t50:.2f} / {t99:.2f} | {o50 / t50:.2f} | "
             f"{r.ours_hits}/{len(r.ours_ms)} / {r.theirs_hits}/{len(r.theirs_ms)} |"
         )
+    parts = [
+        f"{r.kind}: " + ", ".join(f"{k} {_percentile(v, 0.5):.2f}" for k, v in r.ours_parts.items())
+        for r in results[:2] if r.ours_parts
+    ]
+    if parts:
+        rows.append("\nOurs, p50 per lookup phase (ms; `exact` is the exact-key GET, `search` the KNN): "
+                    + "; ".join(parts) + ".")
     return "\n".join(rows)
 
 

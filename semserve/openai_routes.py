@@ -78,7 +78,11 @@ async def _parse(request: Request, model_cls: type[BaseModel]) -> Any:
     body = await request.body()
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:  # e.g. 100k nested "[": the stdlib parser recurses per level
+        raise BadRequest("request body is nested too deeply") from None
+    except ValueError as exc:
+        # JSONDecodeError, UnicodeDecodeError, and the plain ValueError of an integer literal over
+        # Python's 4300-digit limit.
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")

@@ -63,11 +63,6 @@ class TracingSettings(Settings):
         "traces it starts.",
     )
     service_name: str = setting("", "service.name of the spans; empty: semserve-<service>.")
-    audit_full: bool = setting(
-        False,
-        "Audit-full mode: prompt text (the matched and the cached prompt) is put on the cache "
-        "lookup span. Off: prompt text is never a span attribute.",
-    )
 
 
 @dataclass
@@ -82,8 +77,11 @@ class _State:
 _state = _State()
 
 
-def setup(settings: TracingSettings, service: str) -> bool:
-    """Install the SDK provider for `service` (predictor | transformer). Returns whether tracing is on."""
+def setup(settings: TracingSettings, service: str, *, audit_full: bool = False) -> bool:
+    """Install the SDK provider for `service` (predictor | transformer). Returns whether tracing is on.
+
+    `audit_full` is the transformer's audit-full mode (--audit-full): only then is prompt text (the
+    matched and the cached prompt) put on the cache lookup span; otherwise never."""
     if settings.exporter == "none":
         return False
     if not 0.0 <= settings.sample_ratio <= 1.0:
@@ -127,7 +125,7 @@ def setup(settings: TracingSettings, service: str) -> bool:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _state.enabled, _state.audit_full, _state.provider, _state.service = (
-        True, settings.audit_full, provider, service,
+        True, audit_full, provider, service,
     )
     return True
 
@@ -311,15 +309,14 @@ def register_debug_routes(app: Any) -> None:
     """GET/DELETE /debug/spans, only in memory mode (the route does not exist otherwise)."""
     if _state.memory is None:
         return
-    from fastapi import Request
-    from fastapi.responses import JSONResponse
+    from starlette.responses import JSONResponse
 
-    async def get_spans(request: Request) -> JSONResponse:
+    # A plain Starlette route: FastAPI would resolve the handler's (postponed) annotations to
+    # decide what to inject, and the request type is only imported here.
+    async def spans(request: Any) -> JSONResponse:
+        if request.method == "DELETE":
+            _state.memory.clear()
+            return JSONResponse({"cleared": True})
         return JSONResponse({"spans": finished_spans(request.query_params.get("trace_id") or None)})
 
-    async def clear_spans() -> JSONResponse:
-        _state.memory.clear()
-        return JSONResponse({"cleared": True})
-
-    app.add_api_route(DEBUG_SPANS_PATH, get_spans, methods=["GET"], include_in_schema=False)
-    app.add_api_route(DEBUG_SPANS_PATH, clear_spans, methods=["DELETE"], include_in_schema=False)
+    app.add_route(DEBUG_SPANS_PATH, spans, methods=["GET", "DELETE"], include_in_schema=False)

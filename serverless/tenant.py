@@ -643,7 +643,8 @@ def cmd_rollout(cl: Client, args: argparse.Namespace) -> int:
         )
     spec = isvc["spec"]
     old_model = ((spec.get("predictor") or {}).get("model") or {}).get("storageUri", "")
-    old_rev = anns.get(REVISION_ANN) or _env(container, REVISION_ENV) or default_revision(old_model)
+    # "" is a tenant that never rolled out: its entries carry no revision (the base's default).
+    old_rev = anns.get(REVISION_ANN) or _env(container, REVISION_ENV) or ""
     new_rev = args.revision or default_revision(args.model)
     if new_rev == old_rev:
         raise TenantError(f"revision {new_rev} is already the tenant's; give another --model or --revision")
@@ -668,7 +669,7 @@ def cmd_rollout(cl: Client, args: argparse.Namespace) -> int:
     _patch_isvc(cl, args, patch)
     key = f"revision {old_rev} (shared, --share-cache)" if args.share_cache else f"revision {new_rev}"
     print(f"tenant {args.namespace}/{args.name}: canary of {args.model} as revision {new_rev} at "
-          f"{args.canary}% (previous: {old_rev}, {old_model})")
+          f"{args.canary}% (previous: {old_rev or 'unlabelled'}, {old_model})")
     print(f"  predictor    canaryTrafficPercent {args.canary}  storageUri {args.model}")
     print(f"  transformer  canaryTrafficPercent {args.canary}  cache keyed by {key}, "
           "misses to the latest predictor revision")
@@ -715,8 +716,11 @@ def cmd_promote(cl: Client, args: argparse.Namespace) -> int:
     rev, prev = anns.get(REVISION_ANN, "?"), anns.get(PREVIOUS_REVISION_ANN, "?")
     print(f"tenant {args.namespace}/{args.name}: promoted revision {rev} to 100% of traffic")
     print(f"  cache epoch {old_epoch} -> {epoch}: answers cached before the promotion are not served")
-    print(f"  free their memory now with `semserve cache flush --model-revision {prev}` "
-          "(else they expire by TTL)")
+    if prev:
+        print(f"  free their memory now with `semserve cache flush --model-revision {prev}` "
+              "(else they expire by TTL)")
+    else:
+        print("  they expire by TTL (the old model's entries carry no revision label to flush by)")
     return 0
 
 
@@ -744,9 +748,10 @@ def cmd_rollback(cl: Client, args: argparse.Namespace) -> int:
         },
     }
     _patch_isvc(cl, args, patch)
-    print(f"tenant {args.namespace}/{args.name}: rolled back to revision {prev}; canary {bad} gets 0%")
+    shown = prev or "unlabelled"
+    print(f"tenant {args.namespace}/{args.name}: rolled back to revision {shown}; canary {bad} gets 0%")
     print("  predictor    canaryTrafficPercent 0 (previous revision serves 100%)")
-    print(f"  transformer  cache keyed by revision {prev}, cache epoch {old_epoch} -> {epoch}")
+    print(f"  transformer  cache keyed by revision {shown}, cache epoch {old_epoch} -> {epoch}")
     print(f"  drop the canary's entries with `semserve cache flush --model-revision {bad}`")
     return 0
 

@@ -72,7 +72,7 @@ def _traffic(t: Transformer, word: str) -> list[str]:
 
 
 def test_audit_lines_carry_hashes_not_prompts(audited) -> None:
-    t, audit_path, service_log = audited
+    t, audit_path, _ = audited
     word = f"zebrafinch{uuid.uuid4().hex[:6]}"
     start = audit_path.stat().st_size if audit_path.exists() else 0
     prompts = _traffic(t, word)

@@ -42,7 +42,7 @@ from tests.conftest import Predictor, Transformer, start_transformer
 # read-mostly checkout), no deadline (a shared 2-core machine makes timings noisy).
 PURE = settings(max_examples=400, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-SERVED = settings(max_examples=150, deadline=None, database=None,
+SERVED = settings(max_examples=100, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
 CLIENT_TIMEOUT_S = 60.0
 # RSS a server may gain over all of this file's requests: parsers that keep what they were sent
@@ -340,7 +340,10 @@ class Target:
         assert self.client.get(f"{self.http}/v2/health/live").status_code == 200
 
     def post(self, path: str, content: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
-        hdrs = {"content-type": "application/json", **(headers or {})}
+        # A fresh connection per request: a kept-alive one the server is closing as idle (its
+        # keep-alive timeout runs out while hypothesis shrinks) would fail as "disconnected" on the
+        # client's side, which is no fault of the server's.
+        hdrs = {"content-type": "application/json", "connection": "close", **(headers or {})}
         try:
             with self.client.stream("POST", f"{self.http}{path}", content=content, headers=hdrs) as r:
                 r.read()  # a stream must end, too: this is where a hang would show
@@ -407,7 +410,7 @@ def binary_body(draw: st.DrawFn) -> tuple[bytes, dict[str, str]]:
     header = encode(header_obj)
     tail = raw if draw(st.booleans()) else draw(st.binary(max_size=64))
     length = draw(st.sampled_from([len(header)] * 4 + [0, len(header) - 1, len(header) + 3, 10**9])
-                  .map(str) | st.sampled_from(["", "x", "-5", " 12", "1e3", "9" * 400]))
+                  .map(str) | st.sampled_from(["", "x", "-5", "+12", "0x10", "1e3", "9" * 400]))
     return header + tail, {"content-type": "application/octet-stream",
                            "inference-header-content-length": length}
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kserve import InferRequest, InferResponse
+from kserve.errors import InvalidInput, ModelNotFound, ServerNotReady
 
 from semserve import openai_protocol as oa
 from semserve.errors import ServingError
@@ -124,6 +125,19 @@ def _column(response: InferResponse, name: str) -> list[str]:
             for v in out.as_numpy().reshape(-1)]
 
 
+def _v2_status(exc: BaseException) -> int:
+    """The HTTP status KServe answers for what predict raised."""
+    if isinstance(exc, InvalidInput):
+        return 400
+    if isinstance(exc, ModelNotFound):
+        return 404
+    if isinstance(exc, ServerNotReady):
+        return 503
+    if isinstance(exc, asyncio.CancelledError):
+        return 499
+    return 500
+
+
 class AuditedTransformer(SemanticCacheTransformer):
     """The transformer's v2 model, recording each predict in the audit log."""
 
@@ -144,7 +158,7 @@ class AuditedTransformer(SemanticCacheTransformer):
         try:
             response = await super().predict(payload, headers, response_headers)
         except BaseException as exc:
-            status = getattr(exc, "status_code", None) or (400 if isinstance(exc, ValueError) else 500)
+            status = _v2_status(exc)
             self.audit.record(route=route, protocol="v2-grpc" if from_grpc else "v2-rest", status=status,
                               cache=[], started=started, prompts=prompts, request_id=rid,
                               error=f"{type(exc).__name__}: {exc}")

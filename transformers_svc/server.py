@@ -47,7 +47,8 @@ def run(
     logs.configure(settings.log_level)
     log.info("transformer_settings", **{k: str(v) for k, v in settings.public_dict().items()})
     trace_settings = trace_settings or tracing.TracingSettings.from_env()
-    if tracing.setup(trace_settings, "transformer"):
+    # The transformer's audit-full mode (--audit-full) is also what lets prompt text onto spans.
+    if tracing.setup(trace_settings, "transformer", audit_full=settings.audit_full):
         log.info("tracing", **trace_settings.public_dict())
     if settings.workers > 1:
         log.warning("workers_ignored", workers=settings.workers,

@@ -42,10 +42,14 @@ def test_stats_inspect_flush(redis_server: RedisServer, clean_redis: redis.Redis
         "    for t, p in [('acme', 'q1'), ('acme', 'q2'), ('beta', 'q1')]:\n"
         "        v = np.ones(384, np.float32) / np.sqrt(384)\n"
         "        await s.put(CacheRequest(t, 'm', 'chat', p), p, v, {'text': p})\n"
+        "    await s.put(CacheRequest('beta', 'm', 'chat', 'old', model_revision='v1'), 'old', v, {})\n"
         "    await s.close()\n"
         "asyncio.run(main())\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=ROOT)
+    # One revision's entries, across tenants, without --tenant.
+    flushed = run_cli(redis_server, "flush", "--model-revision", "v1")
+    assert flushed["deleted"] == 1 and flushed["model_revision"] == "v1"  # type: ignore[index]
     stats = run_cli(redis_server, "stats")
     assert stats["tenants"] == {"acme": 2, "beta": 1}  # type: ignore[index]
     rows = run_cli(redis_server, "inspect", "--tenant", "acme", "--limit", "1")

@@ -1,0 +1,28 @@
+"""overlays/canary: the static form of `semserve tenant rollout`. Its JSON6902 patches address the
+base's env and args by index; this checks they still land on the right entries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serverless import tenant
+from tests.manifests.conftest import by_kind
+
+
+def test_canary_overlay_patches_the_right_fields(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    (isvc,) = by_kind(rendered["overlays/canary"], "InferenceService")
+    (prod,) = by_kind(rendered["overlays/prod"], "InferenceService")
+    spec, anns = isvc["spec"], isvc["metadata"]["annotations"]
+    assert spec["predictor"]["canaryTrafficPercent"] == 10 == spec["transformer"]["canaryTrafficPercent"]
+    assert spec["predictor"]["model"]["storageUri"] != prod["spec"]["predictor"]["model"]["storageUri"]
+    assert anns[tenant.TAG_ROUTING_ANN] == "true" and anns[tenant.ROLLOUT_ANN] == "canary"
+    container = spec["transformer"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[tenant.REVISION_ENV] == anns[tenant.REVISION_ANN] == "v2"
+    hosts = [a for a in container["args"] if a.startswith("--predictor_host=")]
+    assert hosts == ["--predictor_host=" + tenant.CANARY_PREDICTOR_HOST]
+    # Everything else is prod's.
+    prod_env = {e["name"]: e.get("value") for e in prod["spec"]["transformer"]["containers"][0]["env"]}
+    assert {k: v for k, v in env.items() if k != tenant.REVISION_ENV} == {
+        k: v for k, v in prod_env.items() if k != tenant.REVISION_ENV
+    }
