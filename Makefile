@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 # Re-install only when the dependency list changes.
 STAMP := $(VENV)/.semserve-installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 MODEL_STAMP := .cache/models/SmolLM2-135M-Instruct/semserve-manifest.json
-EXTRAS ?= cpu,local,dev
+EXTRAS ?= cpu,local,dev,bench
 PYTEST_ARGS ?=
 
 .PHONY: setup model run test lint bench clean

@@ -132,6 +132,7 @@ class SemanticCache:
         self.settings = settings
         self.counters = CacheCounters()
         self._probe_at = 0.0
+        self._timeouts_in_a_row = 0
         self._failing: dict[str, str] = {}  # component -> last error, for one log line per change
         self._flights: dict[str, asyncio.Future[Any]] = {}
         self._db_attrs = _redis_attributes(store)
@@ -156,8 +157,14 @@ class SemanticCache:
         if self._failing.pop(component, None) is not None:
             log.info("cache_recovered", component=component)
 
-    def _redis_down(self, exc: BaseException | str) -> None:
+    def _redis_down(self, exc: BaseException | str, timeout: bool = False) -> None:
         self.counters.redis_errors += 1
+        if timeout:
+            # One slow round trip may be this process starved of CPU, not Redis: only consecutive
+            # timeouts take Redis out of the path. Refused connections do at once.
+            self._timeouts_in_a_row += 1
+            if self._timeouts_in_a_row < self.settings.degrade_after_timeouts:
+                return
         self.counters.degraded = True
         self._probe_at = time.monotonic() + self.settings.degraded_retry_s
         self._fail("redis", exc)
@@ -173,6 +180,7 @@ class SemanticCache:
         return False
 
     async def _redis_up(self) -> None:
+        self._timeouts_in_a_row = 0
         if not self.counters.degraded:
             return
         self.counters.degraded = False
@@ -260,7 +268,7 @@ class SemanticCache:
                 self.counters.embed_errors += 1
                 self._fail("embedder", res.error)
             else:
-                self._redis_down(res.error)
+                self._redis_down(res.error, timeout=True)
         except RedisError as e:
             res = LookupResult("error", timings=res.timings, error=f"{type(e).__name__} in {phase.name}")
             if isinstance(e, _UNREACHABLE):
@@ -405,7 +413,7 @@ class SemanticCache:
                 self.counters.embed_errors += 1
                 self._fail("embedder", "timeout")
             else:
-                self._redis_down(f"timeout in store {phase.name}")
+                self._redis_down(f"timeout in store {phase.name}", timeout=True)
             return False
         except _EmbedError as e:
             self.counters.embed_errors += 1

@@ -55,6 +55,11 @@ class CacheSettings(Settings):
         "(they expire by TTL). `semserve tenant promote` bumps it, so the old model's answers are "
         "not served after a promotion.",
     )
+    degrade_after_timeouts: int = setting(
+        3,
+        "Consecutive Redis timeouts before Redis is taken out of the path (refused connections: at "
+        "once); a single slow call only turns that one request into a miss.",
+    )
     degraded_retry_s: float = setting(
         1.0, "While Redis is failing, requests skip it and one probe is let through this often."
     )

@@ -115,6 +115,8 @@ class CompletionRequest(_SamplingFields):
                 raise ValueError("prompt must not be empty")
             if "\x00" in p:
                 raise ValueError("prompt contains a NUL character")
+            if not _utf8(p):
+                raise ValueError("prompt is not valid UTF-8 (lone surrogate)")
         return v
 
     @property
@@ -171,6 +173,8 @@ class ChatCompletionRequest(_SamplingFields):
         for i, m in enumerate(self.messages):
             if "\x00" in m.text:
                 raise BadRequest(f"messages[{i}].content contains a NUL character", "messages")
+            if not _utf8(m.text) or not _utf8(m.name or ""):
+                raise BadRequest(f"messages[{i}] is not valid UTF-8 (lone surrogate)", "messages")
         if self.messages[-1].role == "assistant":
             raise BadRequest("the last message must not be from the assistant", "messages")
 
@@ -180,6 +184,16 @@ class ChatCompletionRequest(_SamplingFields):
             {"role": "system" if m.role == "developer" else m.role, "content": m.text}
             for m in self.messages
         ]
+
+
+def _utf8(text: str) -> bool:
+    """False for strings JSON can carry but UTF-8 cannot (lone surrogates like "\ud800"), which
+    tokenizers reject with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def validation_error(exc: ValidationError) -> BadRequest:

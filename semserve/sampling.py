@@ -80,6 +80,10 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
                 raise BadRequest("stop may hold at most 16 strings", key)
             if any(s == "" for s in raw):
                 raise BadRequest("stop strings must not be empty", key)
+            try:
+                "".join(raw).encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate from JSON ("\ud800")
+                raise BadRequest("stop strings must be valid UTF-8", key) from None
             values[key] = raw
     opts = SamplingOptions(
         max_tokens=values["max_tokens"],

@@ -267,11 +267,11 @@ def _too_large(limit: int) -> dict[str, str]:
     return {"error": f"request body is larger than the limit of {limit} bytes"}
 
 
-class GrpcGuard(aio.ServerInterceptor):
-    """Drain refusal, in-flight count and request id for unary gRPC calls."""
+UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
 
-    def __init__(self, state: ServingState) -> None:
-        self.state = state
+
+class UnaryInterceptor(aio.ServerInterceptor):
+    """Base for interceptors that wrap the behaviour of unary calls (all of v2's RPCs are)."""
 
     async def intercept_service(
         self,
@@ -281,10 +281,29 @@ class GrpcGuard(aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or handler.unary_unary is None:
             return handler
-        method = details.method
+        call = self.wrap(details.method, tuple(details.invocation_metadata or ()), handler.unary_unary)
+        if call is None:
+            return handler
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def wrap(self, method: str, metadata: tuple[Any, ...], inner: UnaryCall) -> UnaryCall | None:
+        """The call to run instead of `inner`, or None to leave this method alone."""
+        raise NotImplementedError
+
+
+class GrpcGuard(UnaryInterceptor):
+    """Drain refusal, in-flight count and request id for unary gRPC calls."""
+
+    def __init__(self, state: ServingState) -> None:
+        self.state = state
+
+    def wrap(self, method: str, metadata_items: tuple[Any, ...], inner: UnaryCall) -> UnaryCall:
         guarded = not method.endswith(("/ServerLive", "/ServerReady"))
-        inner = handler.unary_unary
-        metadata = dict(details.invocation_metadata or ())
+        metadata = dict(metadata_items)
         rid = str(metadata.get("x-request-id") or uuid.uuid4().hex)
 
         async def call(request: Any, context: aio.ServicerContext) -> Any:
@@ -322,11 +341,7 @@ class GrpcGuard(aio.ServerInterceptor):
                 _end_grpc_span(traced, context, code)
                 request_id_var.reset(token)
 
-        return grpc.unary_unary_rpc_method_handler(
-            call,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return call
 
 
 def _grpc_span(method: str, metadata: dict[str, Any], rid: str, context: aio.ServicerContext) -> Any:

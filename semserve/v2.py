@@ -79,6 +79,12 @@ def _decode(item: Any, index: int) -> str:
             raise BadRequest(f"{TEXT_INPUT}[{index}] is not valid UTF-8", TEXT_INPUT) from None
     elif isinstance(item, str):
         text = item
+        # JSON may carry a lone surrogate ("\ud800"): a Python str, but not text any tokenizer
+        # can take (vLLM raised TypeError, a 500).
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"{TEXT_INPUT}[{index}] is not valid UTF-8", TEXT_INPUT) from None
     else:
         raise BadRequest(f"{TEXT_INPUT}[{index}] must be a string", TEXT_INPUT)
     if "\x00" in text:

@@ -224,13 +224,26 @@ def _parse_json_request(body: Any) -> None:
         assert isinstance(exc, InvalidInput), repr(exc)
         return
     try:
-        v2.parse_request(request, max_batch=64)
+        parsed = v2.parse_request(request, max_batch=64)
     except BadRequest:
-        pass
+        return
+    _check_parsed_texts(parsed.prompts, parsed.sampling.stop)
+
+
+def _check_parsed_texts(*groups: Any) -> None:
+    # What parsing accepts goes to a tokenizer: it must be real text (a lone surrogate from a JSON
+    # "\ud800" escape made vLLM raise TypeError, a 500; found by test_v2_json_bodies).
+    for group in groups:
+        for text in group:
+            text.encode("utf-8")
+            assert "\x00" not in text
 
 
 @PURE
 @given(body=v2_body())
+@example({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["\ud800"]}]})
+@example({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["hi"]}],
+          "parameters": {"stop": "\udfff"}})
 def test_parse_request_total_json(body: Any) -> None:
     _parse_json_request(body)
 
@@ -300,11 +313,11 @@ def _validate_openai(cls: type[Any], body: Any) -> None:
         return
     try:
         req.unsupported()
-        req.sampling(128)
+        opts = req.sampling(128)
         if isinstance(req, ChatCompletionRequest):
-            req.plain_messages()
+            _check_parsed_texts([m["content"] for m in req.plain_messages()], opts.stop)
         else:
-            _ = req.prompts
+            _check_parsed_texts(req.prompts, opts.stop)
         req.model_dump(exclude_none=True)
         json.dumps(req.model_dump(exclude_none=True, mode="json"))
     except BadRequest:
@@ -313,12 +326,15 @@ def _validate_openai(cls: type[Any], body: Any) -> None:
 
 @PURE
 @given(body=openai_body(chat=True))
+@example({"model": "llm", "messages": [{"role": "user", "content": "\ud800"}]})
+@example({"model": "llm", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]})
 def test_chat_request_model_total(body: Any) -> None:
     _validate_openai(ChatCompletionRequest, body)
 
 
 @PURE
 @given(body=openai_body(chat=False))
+@example({"model": "llm", "prompt": ["ok", "\ud800"]})
 def test_completion_request_model_total(body: Any) -> None:
     _validate_openai(CompletionRequest, body)
 

@@ -5,7 +5,6 @@ tenant in `tenant_var` for the handlers; probes and /metrics stay open so Kubern
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -14,7 +13,7 @@ from grpc import aio
 from semserve import tracing
 from semserve.errors import ServingError
 from semserve.openai_protocol import error_body
-from semserve.serving import EXEMPT_PATHS
+from semserve.serving import EXEMPT_PATHS, UnaryCall, UnaryInterceptor
 from transformers_svc.auth import Authenticator, tenant_var
 
 
@@ -69,22 +68,14 @@ async def _reject(send: Any, exc: ServingError, openai: bool) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-class GrpcAuth(aio.ServerInterceptor):
+class GrpcAuth(UnaryInterceptor):
     def __init__(self, auth: Authenticator) -> None:
         self.auth = auth
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        if details.method.endswith(("/ServerLive", "/ServerReady")):
-            return handler
-        metadata = {k.lower(): v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
-        inner = handler.unary_unary
+    def wrap(self, method: str, metadata_items: tuple[Any, ...], inner: UnaryCall) -> UnaryCall | None:
+        if method.endswith(("/ServerLive", "/ServerReady")):
+            return None
+        metadata = {k.lower(): v for k, v in metadata_items if isinstance(v, str)}
 
         async def call(request: Any, context: aio.ServicerContext) -> Any:
             try:
@@ -97,8 +88,4 @@ class GrpcAuth(aio.ServerInterceptor):
             finally:
                 tenant_var.reset(token)
 
-        return grpc.unary_unary_rpc_method_handler(
-            call,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return call
