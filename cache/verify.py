@@ -1195,7 +1195,7 @@ class RuleVerifier:
             accept=verdict.accept,
             rule=verdict.rule,
             score=round(verdict.score, 4),
-            detail=verdict.detail,
+            # `detail` names the differing words, i.e. prompt content: logs carry none of it.
         )
         return verdict
 
