@@ -18,6 +18,12 @@ class PredictorSettings(Settings):
         "HF model directory to serve. Empty: the bundled SmolLM2-135M-Instruct, prepared on first use.",
     )
     model_name: str = setting("llm", "Name clients use in v2 paths and the OpenAI `model` field.")
+    model_revision: str = setting(
+        "",
+        "Model revision label this predictor reports with every answer (v2 response parameter "
+        "`model_revision`, OpenAI header `x-semserve-model-revision`); a transformer keyed by "
+        "another revision serves such an answer but does not cache it. Empty: reports none.",
+    )
     host: str = setting("127.0.0.1", "Address to bind (0.0.0.0 in a container).")
     http_port: int = setting(8090, "HTTP port: v2 REST, OpenAI routes, /metrics.")
     grpc_port: int = setting(8091, "gRPC port: v2 GRPCInferenceService (0 disables gRPC).")

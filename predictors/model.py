@@ -67,6 +67,9 @@ class VLLMPredictor(kserve.Model):
             raise InvalidInput(exc.message) from None
         except Unavailable as exc:
             raise Unavailable503(exc.message) from None
+        params: dict[str, Any] = {"prompt_tokens": sum(r.prompt_tokens for r in results)}
+        if self.settings.model_revision:
+            params[v2.MODEL_REVISION] = self.settings.model_revision
         return v2.build_response(
             self.name,
             request_id,
@@ -74,5 +77,5 @@ class VLLMPredictor(kserve.Model):
                 v2.TextResult(r.text, r.finish_reason, r.completion_tokens, r.prompt_tokens)
                 for r in results
             ],
-            parameters={"prompt_tokens": sum(r.prompt_tokens for r in results)},
+            parameters=params,
         )

@@ -10,7 +10,7 @@ from predictors.engine import Delta, Engine, Prepared
 from semserve import openai_protocol as oa
 from semserve import tracing
 from semserve.errors import BadRequest, NotFound
-from semserve.openai_routes import RequestContext
+from semserve.openai_routes import MODEL_REVISION_HEADER, RequestContext
 
 PROTOCOL = "openai"
 
@@ -23,6 +23,11 @@ class PredictorOpenAI:
 
     def models(self) -> list[oa.OpenAIModelCard]:
         return [oa.model_card(self.name, int(self.engine.started_at or 0))]
+
+    def _label(self, ctx: RequestContext) -> None:
+        # Streams too: the routes send ctx.response_headers before the first chunk.
+        if self.settings.model_revision:
+            ctx.response_headers[MODEL_REVISION_HEADER] = self.settings.model_revision
 
     def _check_model(self, model: str) -> None:
         tracing.annotate(semserve__protocol=PROTOCOL, gen_ai__request__model=model)
@@ -39,6 +44,7 @@ class PredictorOpenAI:
             raise BadRequest(f"at most {self.settings.max_batch_size} prompts per request", "prompt")
         prepared = [await self.engine.prepare(p, options) for p in prompts]
         rid, created = oa.new_id("cmpl"), oa.now()
+        self._label(ctx)
         if req.stream:
             return self._stream_completion(prepared, rid, created, ctx, req.include_usage)
         results = await self.engine.generate_many(prepared, ctx.request_id, PROTOCOL)
@@ -79,6 +85,7 @@ class PredictorOpenAI:
         prompt = self.engine.render_chat(req.plain_messages())
         prepared = await self.engine.prepare(prompt, options, field="messages")
         rid, created = oa.new_id("chatcmpl"), oa.now()
+        self._label(ctx)
         if req.stream:
             return self._stream_chat(prepared, rid, created, ctx, req.include_usage)
         result = await self.engine.generate(prepared, ctx.request_id, PROTOCOL, "chat")

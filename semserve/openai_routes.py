@@ -31,6 +31,8 @@ from semserve.openai_protocol import (
 log = get_logger("semserve.openai")
 
 ROUTE_PREFIX = "/openai"
+# Response header: the model revision that produced the answer (predictor --model-revision).
+MODEL_REVISION_HEADER = "x-semserve-model-revision"
 
 
 @dataclass

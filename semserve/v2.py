@@ -25,6 +25,9 @@ SAMPLING_INPUT = "sampling_parameters"
 TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
 COMPLETION_TOKENS = "completion_tokens"
+# Response parameter (string): the model revision that produced the answer, when the predictor has
+# one (--model-revision); the transformer does not cache answers of another revision than its own.
+MODEL_REVISION = "model_revision"
 
 INPUTS_METADATA: list[dict[str, Any]] = [
     {"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]},
@@ -191,3 +194,12 @@ def read_response(response: InferResponse) -> list[TextResult]:
     return [
         TextResult(text(t), text(r), int(n)) for t, r, n in zip(texts, reasons, tokens, strict=True)
     ]
+
+
+def response_revision(response: InferResponse) -> str | None:
+    """The `model_revision` response parameter (REST dict or gRPC map), or None when absent."""
+    params = response.parameters
+    if not params or not hasattr(params, "items"):
+        return None
+    value = next((_param_value(v) for k, v in params.items() if k == MODEL_REVISION), None)
+    return str(value) if value not in (None, "") else None

@@ -71,6 +71,9 @@ ROLLOUT_ANN = "semserve.io/rollout"  # canary | promoted | rolled-back
 CACHE_EPOCH_ANN = "semserve.io/cache-epoch"
 TAG_ROUTING_ANN = "serving.kserve.io/enable-tag-routing"
 REVISION_ENV = "SEMSERVE_TRANSFORMER_MODEL_REVISION"
+# The revision the predictor reports with each answer: a transformer keyed by another revision (the
+# stable one, whose misses reach the canary predictor through the split route) does not cache it.
+PREDICTOR_REVISION_ENV = "SEMSERVE_PREDICTOR_MODEL_REVISION"
 EPOCH_ENV = "SEMSERVE_CACHE_EPOCH"
 # The transformer's predictor address (manifests/base): the component's route, split by the
 # predictor's canaryTrafficPercent; during a canary the canary transformer calls the `latest-` tag
@@ -653,16 +656,25 @@ def cmd_rollout(cl: Client, args: argparse.Namespace) -> int:
     # entries) and calls only the new predictor revision, so what it stores is the new model's.
     # --share-cache: both revisions read and write one set of entries (a fix that does not change
     # answers, say); the canary then also stores the new model's answers under the old revision.
-    _set_env(canary_container, REVISION_ENV, old_rev if args.share_cache else new_rev)
+    label = old_rev if args.share_cache else new_rev
+    _set_env(canary_container, REVISION_ENV, label)
     _set_predictor_host(canary_container, CANARY_PREDICTOR_HOST)
     containers = [canary_container, *spec["transformer"]["containers"][1:]]
+    # The canary predictor labels its answers with the new revision (with --share-cache the old
+    # one); the previous predictor revision keeps its own label, so each transformer caches only
+    # what its own revision's model produced.
+    # (Promote and rollback leave the predictor's env alone: changing it would start a new predictor
+    # revision, and the labels are already right for the revision that keeps the traffic.)
+    predictor_model = copy.deepcopy((spec.get("predictor") or {}).get("model") or {})
+    _set_env(predictor_model, PREDICTOR_REVISION_ENV, label)
     patch = {
         "metadata": {"annotations": {
             REVISION_ANN: new_rev, PREVIOUS_REVISION_ANN: old_rev, ROLLOUT_ANN: "canary",
             TAG_ROUTING_ANN: "true",
         }},
         "spec": {
-            "predictor": {"canaryTrafficPercent": args.canary, "model": {"storageUri": args.model}},
+            "predictor": {"canaryTrafficPercent": args.canary,
+                          "model": {"storageUri": args.model, "env": predictor_model["env"]}},
             "transformer": {"canaryTrafficPercent": args.canary, "containers": containers},
         },
     }
@@ -670,7 +682,8 @@ def cmd_rollout(cl: Client, args: argparse.Namespace) -> int:
     key = f"revision {old_rev} (shared, --share-cache)" if args.share_cache else f"revision {new_rev}"
     print(f"tenant {args.namespace}/{args.name}: canary of {args.model} as revision {new_rev} at "
           f"{args.canary}% (previous: {old_rev or 'unlabelled'}, {old_model})")
-    print(f"  predictor    canaryTrafficPercent {args.canary}  storageUri {args.model}")
+    print(f"  predictor    canaryTrafficPercent {args.canary}  storageUri {args.model}  "
+          f"answers labelled {label or 'unlabelled'}")
     print(f"  transformer  canaryTrafficPercent {args.canary}  cache keyed by {key}, "
           "misses to the latest predictor revision")
     print(f"next: `semserve tenant status {args.name} -n {args.namespace}` shows both revisions; then "
@@ -701,7 +714,8 @@ def cmd_promote(cl: Client, args: argparse.Namespace) -> int:
     new = copy.deepcopy(container)
     _set_predictor_host(new, STABLE_PREDICTOR_HOST)
     # A new epoch: whatever was cached before the promotion (the old model's answers, and those the
-    # stable transformer stored from the split predictor during the canary) is no longer served.
+    # stable transformer stored from the split predictor during the canary when it had no revision
+    # label to compare with) is no longer served.
     old_epoch, epoch = _bump_epoch(new, anns)
     containers = [new, *isvc["spec"]["transformer"]["containers"][1:]]
     patch = {

@@ -11,6 +11,8 @@ import pytest
 from tests.support import ROOT, ServerProcess, free_port, http_ready
 
 LOG_DIR = ROOT / ".cache" / "test-logs"
+# The model revision the shared predictor labels its answers with.
+PREDICTOR_REVISION = "rev-a"
 
 # Llama/SmolLM chat format: tests that use v2 send already-templated prompts, like Triton clients do.
 FRANCE = (
@@ -51,6 +53,9 @@ def predictor() -> Iterator[Predictor]:
             # Spans kept in process and readable at /debug/spans (tests/test_tracing.py). Ratio 0:
             # only requests whose caller sampled a trace record, so other tests pay nothing.
             "--trace-exporter", "memory", "--trace-sample-ratio", "0",
+            # Reported with every answer (tests/test_model_revision.py); transformers without a
+            # --model-revision of their own cache it as before.
+            "--model-revision", PREDICTOR_REVISION,
         ],
         LOG_DIR / "predictor.log",
     ).start()

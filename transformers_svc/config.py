@@ -50,7 +50,9 @@ class TransformerSettings(Settings):
         choices=("deterministic", "all", "off"),
     )
     model_revision: str = setting(
-        "", "Model revision in the cache key, so answers of another revision are never served."
+        "",
+        "Model revision in the cache key, so answers of another revision are never served; answers "
+        "the predictor reports as another revision's are served but not stored.",
     )
     max_body_bytes: int = setting(4 * 1024 * 1024, "Largest request body accepted; larger gets 413.")
     max_header_bytes: int = setting(

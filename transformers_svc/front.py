@@ -2,8 +2,14 @@
 build its cache key, answer from the cache or from the predictor (once for identical misses), and
 store complete answers.
 
-Answers are stored as {"text", "finish_reason", "completion_tokens", "prompt_tokens"}: v2 and
-OpenAI completions (both: a raw prompt in, text out) share entries; chat has its own kind.
+Answers are stored as {"text", "finish_reason", "completion_tokens", "prompt_tokens"} (plus
+"model_revision" when the predictor reported one; replies read only the first four): v2 and OpenAI
+completions (both: a raw prompt in, text out) share entries; chat has its own kind.
+
+An answer the predictor says was produced by another model revision than this transformer's
+--model-revision (during a canary the stable transformer's misses reach both predictor revisions)
+is served but not stored. A predictor that reports no revision is taken at its word (stored), as is
+any answer when the transformer has no revision of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ log = get_logger("semserve.transformer.cache")
 
 Answer = dict[str, Any]
 COMPLETE = ("stop", "length")
+REVISION = "model_revision"  # the answer key for the revision the predictor reported
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,13 @@ def cache_control(headers: dict[str, str]) -> set[str]:
 
 def is_complete(answer: Answer) -> bool:
     return answer.get("finish_reason") in COMPLETE and isinstance(answer.get("text"), str)
+
+
+def with_revision(answer: Answer, revision: str | None) -> Answer:
+    """The answer, labelled with the model revision that produced it when the predictor said."""
+    if revision:
+        answer[REVISION] = revision
+    return answer
 
 
 class CacheFront:
@@ -122,15 +136,26 @@ class CacheFront:
             req,
             produce,
             vector=res.vector if res is not None else None,
-            should_store=is_complete,
+            should_store=self.storable,
             store=mode.store,
         )
         status = "miss" if res is not None else "bypass"
         return Outcome(answer, status, res.similarity if res is not None else None)
 
     async def store(self, req: CacheRequest, mode: CacheMode, answer: Answer, vector: Any = None) -> None:
-        if self.cache is not None and mode.store and is_complete(answer):
+        if self.cache is not None and mode.store and self.storable(answer):
             await self.cache.store(req, answer, vector)
+
+    def storable(self, answer: Answer) -> bool:
+        """A complete answer, not produced by another model revision than this transformer's."""
+        if not is_complete(answer):
+            return False
+        own, got = self.settings.model_revision, answer.get(REVISION)
+        if own and got and got != own:
+            metrics.STORE_SKIPPED.labels(self.model, "revision_mismatch").inc()
+            log.debug("cache_store_skipped", reason="revision_mismatch", revision=got, expected=own)
+            return False
+        return True
 
 
 class Timer:

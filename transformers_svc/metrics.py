@@ -37,6 +37,12 @@ PREDICTOR_CALLS_SAVED = Counter(
     "Requests answered without calling the predictor (cache hits and single-flight joins).",
     ("model",),
 )
+STORE_SKIPPED = Counter(
+    "semserve_cache_store_skipped",
+    "Complete answers served but not cached, by reason (revision_mismatch: the predictor reported "
+    "another model revision than the transformer's --model-revision, e.g. during a canary).",
+    ("model", "reason"),
+)
 PREDICTOR_CALLS = Counter(
     "semserve_transformer_predictor_calls_total",
     "Calls to the predictor by protocol and outcome.",

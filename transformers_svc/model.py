@@ -21,7 +21,7 @@ from semserve.serving import Unavailable503
 from transformers_svc import metrics
 from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import CacheFront, Outcome, Timer
+from transformers_svc.front import CacheFront, Outcome, Timer, with_revision
 from transformers_svc.upstream import PredictorClient
 
 CACHE_STATUS = "cache_status"
@@ -95,12 +95,12 @@ class SemanticCacheTransformer(kserve.Model):
         req = self.front.key(tenant, "completion", prompt, sampling)
 
         async def produce() -> dict[str, Any]:
-            [result] = await self.predictor.generate_v2([prompt], sampling, request_id)
-            return {
+            [result], revision = await self.predictor.generate_v2([prompt], sampling, request_id)
+            return with_revision({
                 "text": result.text,
                 "finish_reason": result.finish_reason,
                 "completion_tokens": result.completion_tokens,
                 "prompt_tokens": result.prompt_tokens,
-            }
+            }, revision)
 
         return await self.front.answer(req, mode, produce)

@@ -19,8 +19,8 @@ from semserve.sampling import SamplingOptions
 from transformers_svc import metrics
 from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import CacheFront, CacheMode, Outcome, Timer, is_complete
-from transformers_svc.upstream import PredictorClient
+from transformers_svc.front import CacheFront, CacheMode, Outcome, Timer, is_complete, with_revision
+from transformers_svc.upstream import PredictorClient, StreamInfo
 
 COMPLETIONS = "/openai/v1/completions"
 CHAT = "/openai/v1/chat/completions"
@@ -93,10 +93,13 @@ class TransformerOpenAI:
                                       chat=True, timer=timer)
 
         async def produce() -> dict[str, Any]:
-            data = await self.predictor.openai_json(CHAT, {**body, "stream": False}, ctx.request_id)
+            data, revision = await self.predictor.openai_json(
+                CHAT, {**body, "stream": False}, ctx.request_id
+            )
             choice = data["choices"][0]
-            return _answer_from(choice["message"].get("content") or "", choice.get("finish_reason"),
-                                data.get("usage"))
+            answer = _answer_from(choice["message"].get("content") or "", choice.get("finish_reason"),
+                                  data.get("usage"))
+            return with_revision(answer, revision)
 
         outcome = await self.front.answer(key, mode, produce)
         self._observe(outcome, timer)
@@ -130,11 +133,13 @@ class TransformerOpenAI:
             key = self.front.key(tenant, "completion", prompt, options)
 
             async def produce() -> dict[str, Any]:
-                data = await self.predictor.openai_json(
+                data, revision = await self.predictor.openai_json(
                     COMPLETIONS, {**body, "prompt": prompt, "stream": False}, ctx.request_id
                 )
                 choice = data["choices"][0]
-                return _answer_from(choice.get("text") or "", choice.get("finish_reason"), data.get("usage"))
+                answer = _answer_from(choice.get("text") or "", choice.get("finish_reason"),
+                                      data.get("usage"))
+                return with_revision(answer, revision)
 
             return await self.front.answer(key, mode, produce)
 
@@ -168,15 +173,16 @@ class TransformerOpenAI:
         _cache_headers(ctx, status, res.similarity if res is not None else None)
         upstream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         # Open the upstream before answering, so a predictor that is down is a 503, not a broken stream.
-        upstream = self.predictor.openai_stream(path, upstream_body, ctx.request_id)
+        info = StreamInfo()
+        upstream = self.predictor.openai_stream(path, upstream_body, ctx.request_id, info)
         first = await anext(upstream, None)
         return self._pass_through(first, upstream, key, mode, res, rid, created, include_usage, chat,
-                                  timer, status)
+                                  timer, status, info)
 
     async def _pass_through(
         self, first: dict[str, Any] | None, upstream: AsyncIterator[dict[str, Any]], key: CacheRequest,
         mode: CacheMode, res: Any, rid: str, created: int, include_usage: bool, chat: bool, timer: Timer,
-        status: str,
+        status: str, info: StreamInfo,
     ) -> AsyncIterator[Any]:
         pieces: list[str] = []
         finish: str | None = None
@@ -201,7 +207,7 @@ class TransformerOpenAI:
         finally:
             if not clean:
                 await upstream.aclose()  # type: ignore[attr-defined]
-        answer = _answer_from("".join(pieces), finish, usage)
+        answer = with_revision(_answer_from("".join(pieces), finish, usage), info.model_revision)
         # Only a stream that ended with [DONE] and a finish reason is a whole answer worth keeping.
         if finish is not None and is_complete(answer):
             await self.front.store(key, mode, answer, res.vector if res is not None else None)

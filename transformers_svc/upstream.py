@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -18,6 +19,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from semserve import tracing, v2
 from semserve.errors import BadRequest, NotFound, ServingError, Unavailable
 from semserve.logs import get_logger
+from semserve.openai_routes import MODEL_REVISION_HEADER
 from semserve.sampling import SamplingOptions
 from transformers_svc import metrics
 from transformers_svc.config import TransformerSettings
@@ -29,6 +31,18 @@ def _sampling_json(options: SamplingOptions) -> str:
     # KServe's v2 proto carries only bool/int/string parameters; the JSON input carries floats.
     d = options.to_dict()
     return json.dumps({k: v for k, v in d.items() if v is not None})
+
+
+@dataclass
+class StreamInfo:
+    """What the predictor's stream response said before its first chunk."""
+
+    # The model revision that produces the stream (header x-semserve-model-revision); None: not said.
+    model_revision: str | None = None
+
+
+def _revision_header(headers: httpx.Headers) -> str | None:
+    return headers.get(MODEL_REVISION_HEADER) or None
 
 
 class PredictorClient:
@@ -68,7 +82,8 @@ class PredictorClient:
 
     async def generate_v2(
         self, prompts: list[str], options: SamplingOptions, request_id: str
-    ) -> list[v2.TextResult]:
+    ) -> tuple[list[v2.TextResult], str | None]:
+        """The predictor's results and the model revision it reports (None: it reports none)."""
         protocol = self.settings.predictor_protocol
         try:
             if protocol == "grpc-v2":
@@ -83,7 +98,7 @@ class PredictorClient:
 
     async def _grpc_infer(
         self, prompts: list[str], options: SamplingOptions, request_id: str
-    ) -> list[v2.TextResult]:
+    ) -> tuple[list[v2.TextResult], str | None]:
         stub = self._grpc_stub()
         request = pb.ModelInferRequest(
             model_name=self.model,
@@ -116,11 +131,12 @@ class PredictorClient:
                 span.set_attribute("rpc.grpc.status_code", err.code().value[0])
                 raise _from_grpc(err) from None
             span.set_attribute("rpc.grpc.status_code", 0)
-        return v2.read_response(InferResponse.from_grpc(response))
+        infer = InferResponse.from_grpc(response)
+        return v2.read_response(infer), v2.response_revision(infer)
 
     async def _rest_infer(
         self, prompts: list[str], options: SamplingOptions, request_id: str
-    ) -> list[v2.TextResult]:
+    ) -> tuple[list[v2.TextResult], str | None]:
         host = self.settings.predictor_host
         base = host if host.startswith("http") else f"http://{host}"
         body = {
@@ -131,12 +147,15 @@ class PredictorClient:
                  "data": [_sampling_json(options)]},
             ],
         }
-        resp = await self._post(f"{base}/v2/models/{self.model}/infer", body, request_id)
-        return v2.read_response(InferResponse.from_rest(resp))
+        data, _ = await self._post(f"{base}/v2/models/{self.model}/infer", body, request_id)
+        infer = InferResponse.from_rest(data)
+        return v2.read_response(infer), v2.response_revision(infer)
 
     # -- OpenAI ---------------------------------------------------------------------------------
 
-    async def _post(self, url: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+    async def _post(
+        self, url: str, body: dict[str, Any], request_id: str
+    ) -> tuple[dict[str, Any], httpx.Headers]:
         with tracing.span("POST", tracing.SpanKind.CLIENT, **self._http_attributes(url)) as span:
             try:
                 resp = await self.http.post(url, json=body, headers=tracing.inject(_headers(request_id)))
@@ -146,7 +165,7 @@ class PredictorClient:
             span.set_attribute("http.response.status_code", resp.status_code)
             if resp.status_code != 200:
                 raise _from_http(resp.status_code, resp.content)
-            return resp.json()
+            return resp.json(), resp.headers
 
     def _http_attributes(self, url: str) -> dict[str, Any]:
         if not tracing.recording():
@@ -169,21 +188,25 @@ class PredictorClient:
                 "(KServe Standard mode exposes it); v2 requests work over gRPC"
             )
 
-    async def openai_json(self, path: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+    async def openai_json(
+        self, path: str, body: dict[str, Any], request_id: str
+    ) -> tuple[dict[str, Any], str | None]:
+        """The predictor's OpenAI answer and the model revision it reports (None: none)."""
         self._check_http()
         try:
-            data = await self._post(path, body, request_id)
+            data, headers = await self._post(path, body, request_id)
         except ServingError as exc:
             metrics.PREDICTOR_CALLS.labels(self.model, "openai", type(exc).__name__).inc()
             raise
         metrics.PREDICTOR_CALLS.labels(self.model, "openai", "ok").inc()
-        return data
+        return data, _revision_header(headers)
 
     async def openai_stream(
-        self, path: str, body: dict[str, Any], request_id: str
+        self, path: str, body: dict[str, Any], request_id: str, info: StreamInfo | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """Parsed SSE chunks from the predictor. Closing this generator closes the connection, and
-        the predictor aborts the generation."""
+        the predictor aborts the generation. `info` is filled from the response headers before the
+        first chunk is yielded."""
         self._check_http()
         # An async generator runs in its consumer's context: the span is started, not made current,
         # and ended here whether the stream completes, fails or is closed early.
@@ -196,6 +219,8 @@ class PredictorClient:
                 if resp.status_code != 200:
                     raise _from_http(resp.status_code, await resp.aread())
                 metrics.PREDICTOR_CALLS.labels(self.model, "openai-stream", "ok").inc()
+                if info is not None:
+                    info.model_revision = _revision_header(resp.headers)
                 async for line in resp.aiter_lines():
                     if not line.startswith("data: "):
                         continue

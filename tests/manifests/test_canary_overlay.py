@@ -16,6 +16,13 @@ def test_canary_overlay_patches_the_right_fields(rendered: dict[str, list[dict[s
     assert spec["predictor"]["canaryTrafficPercent"] == 10 == spec["transformer"]["canaryTrafficPercent"]
     assert spec["predictor"]["model"]["storageUri"] != prod["spec"]["predictor"]["model"]["storageUri"]
     assert anns[tenant.TAG_ROUTING_ANN] == "true" and anns[tenant.ROLLOUT_ANN] == "canary"
+    predictor_env = {e["name"]: e.get("value") for e in spec["predictor"]["model"]["env"]}
+    assert predictor_env[tenant.PREDICTOR_REVISION_ENV] == "v2"  # the canary labels its answers
+    prod_predictor_env = {e["name"]: e.get("value") for e in prod["spec"]["predictor"]["model"]["env"]}
+    assert prod_predictor_env[tenant.PREDICTOR_REVISION_ENV] == ""
+    assert {k: v for k, v in predictor_env.items() if k != tenant.PREDICTOR_REVISION_ENV} == {
+        k: v for k, v in prod_predictor_env.items() if k != tenant.PREDICTOR_REVISION_ENV
+    }
     container = spec["transformer"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env[tenant.REVISION_ENV] == anns[tenant.REVISION_ANN] == "v2"

@@ -31,6 +31,11 @@ def env(isvc: dict[str, Any], name: str) -> str | None:
     return next((e["value"] for e in transformer(isvc).get("env", []) if e["name"] == name), None)
 
 
+def predictor_env(isvc: dict[str, Any], name: str) -> str | None:
+    return next((e["value"] for e in isvc["spec"]["predictor"]["model"].get("env", [])
+                 if e["name"] == name), None)
+
+
 def host_arg(isvc: dict[str, Any]) -> str:
     return next(a for a in transformer(isvc)["args"] if a.startswith("--predictor_host="))
 
@@ -74,6 +79,10 @@ def test_rollout_status_promote(
     assert spec["transformer"]["canaryTrafficPercent"] == 10
     assert spec["predictor"]["model"]["storageUri"] == NEW
     assert env(isvc, tenant.REVISION_ENV) == "v2"  # the canary never reads the old revision's entries
+    # The canary predictor labels its answers v2: the stable transformer does not cache them.
+    assert predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV) == "v2"
+    assert predictor_env(isvc, "SEMSERVE_TRACE_EXPORTER") is not None  # the rest of its env survived
+    assert "answers labelled v2" in out
     assert host_arg(isvc) == "--predictor_host=" + tenant.CANARY_PREDICTOR_HOST
     assert anns[tenant.ROLLOUT_ANN] == "canary" and anns[tenant.PREVIOUS_REVISION_ANN] == ""
     assert anns[tenant.TAG_ROUTING_ANN] == "true"
@@ -107,6 +116,7 @@ def test_rollout_status_promote(
     assert "canaryTrafficPercent" not in isvc["spec"]["predictor"]
     assert "canaryTrafficPercent" not in isvc["spec"]["transformer"]
     assert env(isvc, tenant.EPOCH_ENV) == "1" and env(isvc, tenant.REVISION_ENV) == "v2"
+    assert predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV) == "v2"  # untouched: no new revision
     assert host_arg(isvc) == "--predictor_host=" + tenant.STABLE_PREDICTOR_HOST
     assert isvc["metadata"]["annotations"][tenant.ROLLOUT_ANN] == "promoted"
     assert cli(kubeconfig, "promote", "ada", "-n", "t") == 1
@@ -118,6 +128,7 @@ def test_rollout_status_promote(
     isvc = fake.get(*ISVC, "t", "ada")
     assert isvc["metadata"]["annotations"][tenant.PREVIOUS_REVISION_ANN] == "v2"
     assert env(isvc, tenant.REVISION_ENV) == tenant.default_revision(v3)
+    assert predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV) == tenant.default_revision(v3)
     capsys.readouterr()
     assert cli(kubeconfig, "promote", "ada", "-n", "t") == 0
     assert "semserve cache flush --model-revision v2" in capsys.readouterr().out
@@ -139,6 +150,8 @@ def test_rollback(fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureF
     assert isvc["spec"]["predictor"]["canaryTrafficPercent"] == 0
     assert "canaryTrafficPercent" not in isvc["spec"]["transformer"]
     assert env(isvc, tenant.REVISION_ENV) == old_rev and env(isvc, tenant.EPOCH_ENV) == "1"
+    # The predictor's spec (its canary, now at 0 %) is left alone: the previous revision serves.
+    assert predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV) == "v2"
     assert host_arg(isvc) == "--predictor_host=" + tenant.STABLE_PREDICTOR_HOST
     assert isvc["metadata"]["annotations"][tenant.ROLLOUT_ANN] == "rolled-back"
     assert cli(kubeconfig, "rollback", "bo", "-n", "t") == 1
@@ -155,3 +168,18 @@ def test_rollout_refusals(fake: FakeApiServer, kubeconfig: Path, capsys: pytest.
     # No such tenant: the API server's 404, as one line.
     assert cli(kubeconfig, "rollout", "nobody", "-n", "t", "--model", NEW) == 1
     assert "404" in capsys.readouterr().err
+
+
+def test_share_cache_labels_the_canary_with_the_old_revision(
+    fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(kubeconfig, "create", "di", "-n", "t", "--profile", "dev") == 0
+    assert cli(kubeconfig, "rollout", "di", "-n", "t", "--model", NEW, "--revision", "v2") == 0
+    assert cli(kubeconfig, "promote", "di", "-n", "t") == 0
+    capsys.readouterr()
+    assert cli(kubeconfig, "rollout", "di", "-n", "t", "--model", "pvc://x/fix", "--revision", "v3",
+               "--share-cache") == 0
+    assert "answers labelled v2" in capsys.readouterr().out
+    isvc = fake.get(*ISVC, "t", "di")
+    # One set of entries: the canary's answers are labelled like the stable ones, so both cache them.
+    assert env(isvc, tenant.REVISION_ENV) == "v2" == predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV)
