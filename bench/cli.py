@@ -40,6 +40,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     cache.add_argument("--output", default=None, help="append the markdown section to this file")
     cache.set_defaults(func=_cache)
 
+    soak = bench_sub.add_parser(
+        "soak",
+        help="bounded mixed load (hits, paraphrases, misses; v2 REST/gRPC, OpenAI +/- streaming; "
+        "several tenants), every answer checked, RSS and fds watched; non-zero exit on failure",
+    )
+    soak.add_argument("--duration", default="10m", help="e.g. 60, 90s, 10m")
+    soak.add_argument("--concurrency", type=int, default=32, help="closed-loop workers")
+    soak.add_argument("--window", type=float, default=10.0, help="seconds per reported window")
+    soak.add_argument("--tenants", type=int, default=3, help="tenants (API keys) of the started stack")
+    soak.add_argument("--seed", type=int, default=0)
+    soak.add_argument("--model", default=None, help="HF model dir (default: the prepared SmolLM2)")
+    soak.add_argument("--transformer", default=None, help="running transformer base URL (else start a stack)")
+    soak.add_argument("--transformer-grpc", default=None, help="its gRPC host:port")
+    soak.add_argument("--predictor", default=None, help="running predictor base URL (reference answers)")
+    soak.add_argument(
+        "--predictor-grpc", default=None, help="its gRPC host:port (unused: references go by REST)",
+    )
+    soak.add_argument("--api-key", action="append", default=[], metavar="TENANT=KEY",
+                      help="with --transformer: one tenant's key (repeatable); none: no auth header")
+    soak.add_argument("--pid", action="append", default=[], metavar="NAME=PID",
+                      help="with --transformer: a server process to watch (repeatable)")
+    soak.add_argument("--output", default=None, help="append the summary to this file")
+    soak.set_defaults(func=_soak)
+
 
 def _predictor(args: argparse.Namespace) -> int:
     from bench.predictor import main
@@ -49,5 +73,11 @@ def _predictor(args: argparse.Namespace) -> int:
 
 def _cache(args: argparse.Namespace) -> int:
     from bench.cache import main
+
+    return main(args)
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from bench.soak import main
 
     return main(args)

@@ -175,3 +175,71 @@ class TcpProxy:
                     pass
                 conn.close()
             self._conns.clear()
+
+
+class FaultProxy(TcpProxy):
+    """A TcpProxy with more faults, each switchable while connections are open:
+
+    - `latency_s`: added before every chunk forwarded, both directions (a slow link or a slow
+      server: 0.05 makes each Redis round trip cost at least 100 ms);
+    - `blackhole`: connections are accepted but nothing is forwarded, either way (new connections
+      are held open and their bytes dropped; open ones stop passing data): a peer that hangs;
+    - `stop()` / `start()` (from TcpProxy): cut everything and refuse, then serve again.
+    """
+
+    def __init__(self, target_port: int, listen_port: int | None = None, latency_s: float = 0.0) -> None:
+        super().__init__(target_port, listen_port)
+        self.latency_s = latency_s
+        self.blackhole = False
+
+    def clear(self) -> None:
+        """No added latency, no black hole."""
+        self.latency_s = 0.0
+        self.blackhole = False
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            if self.blackhole:
+                with self._lock:
+                    self._conns.append(client)
+                self._threading.Thread(target=self._drain, args=(client,), daemon=True).start()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                self._threading.Thread(target=self._pump_faulty, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _drain(conn: socket.socket) -> None:
+        try:
+            while conn.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    def _pump_faulty(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if self.latency_s > 0:
+                    time.sleep(self.latency_s)
+                if self.blackhole:
+                    continue
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
