@@ -132,6 +132,8 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:
                 return
+            if self._hold(client):
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
                 upstream.settimeout(None)
@@ -143,11 +145,17 @@ class TcpProxy:
             for a, b in ((client, upstream), (upstream, client)):
                 self._threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _hold(self, client: socket.socket) -> bool:
+        """Keep a new connection from the target (True), or let it through (False)."""
+        return False
+
+    def _forward(self, data: bytes, dst: socket.socket) -> None:
+        dst.sendall(data)
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                self._forward(data, dst)
         except OSError:
             pass
         finally:
@@ -197,27 +205,13 @@ class FaultProxy(TcpProxy):
         self.latency_s = 0.0
         self.blackhole = False
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            if self.blackhole:
-                with self._lock:
-                    self._conns.append(client)
-                self._threading.Thread(target=self._drain, args=(client,), daemon=True).start()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                self._threading.Thread(target=self._pump_faulty, args=(a, b), daemon=True).start()
+    def _hold(self, client: socket.socket) -> bool:
+        if not self.blackhole:
+            return False
+        with self._lock:
+            self._conns.append(client)
+        self._threading.Thread(target=self._drain, args=(client,), daemon=True).start()
+        return True
 
     @staticmethod
     def _drain(conn: socket.socket) -> None:
@@ -227,19 +221,8 @@ class FaultProxy(TcpProxy):
         except OSError:
             pass
 
-    def _pump_faulty(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                if self.latency_s > 0:
-                    time.sleep(self.latency_s)
-                if self.blackhole:
-                    continue
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+    def _forward(self, data: bytes, dst: socket.socket) -> None:
+        if self.latency_s > 0:
+            time.sleep(self.latency_s)
+        if not self.blackhole:
+            dst.sendall(data)
