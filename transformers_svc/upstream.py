@@ -122,7 +122,8 @@ class PredictorClient:
             gen_ai__request__model=self.model, semserve__prompts=len(prompts),
         ) as span:
             # traceparent rides in the metadata: the predictor's span continues this trace.
-            metadata = tracing.grpc_metadata((("x-request-id", request_id),) if request_id else ())
+            rid = _wire_id(request_id)
+            metadata = tracing.grpc_metadata((("x-request-id", rid),) if rid else ())
             try:
                 response = await stub.ModelInfer(
                     request, timeout=self.settings.predictor_timeout_s, metadata=metadata or None
@@ -245,8 +246,15 @@ class PredictorClient:
             span.end()
 
 
+def _wire_id(request_id: str) -> str:
+    """The request id as a header/metadata value may carry it: a v2 body's `id` can hold any text,
+    and a control character there would fail the whole upstream call."""
+    return "".join(c for c in request_id if " " <= c <= "~")[:256]
+
+
 def _headers(request_id: str) -> dict[str, str]:
-    return {"x-request-id": request_id} if request_id else {}
+    rid = _wire_id(request_id)
+    return {"x-request-id": rid} if rid else {}
 
 
 def _from_grpc(err: grpc.aio.AioRpcError) -> ServingError:
