@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,10 +40,13 @@ from semserve.sampling import parse_sampling
 from tests.conftest import Predictor, Transformer, start_transformer
 
 # Settings shared by every property here: no example database on disk (the suite runs from a
-# read-mostly checkout), no deadline (a shared 2-core machine makes timings noisy).
-PURE = settings(max_examples=400, deadline=None, database=None,
+# read-mostly checkout), no deadline (a shared 2-core machine makes timings noisy). The same
+# examples every run, so CI judges the code and not the draw; SEMSERVE_HYPOTHESIS_EXPLORE=1 draws new
+# ones to hunt for bugs (that is how the control-character request id was found).
+_FIXED = os.environ.get("SEMSERVE_HYPOTHESIS_EXPLORE") != "1"
+PURE = settings(max_examples=400, deadline=None, database=None, derandomize=_FIXED,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-SERVED = settings(max_examples=100, deadline=None, database=None,
+SERVED = settings(max_examples=100, deadline=None, database=None, derandomize=_FIXED,
                   suppress_health_check=list(HealthCheck))
 CLIENT_TIMEOUT_S = 60.0
 # RSS a server may gain over all of this file's requests: parsers that keep what they were sent
