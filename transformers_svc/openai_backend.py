@@ -19,7 +19,7 @@ from semserve.sampling import SamplingOptions
 from transformers_svc import metrics
 from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import CacheFront, CacheMode, Outcome, Timer, is_complete, with_revision
+from transformers_svc.front import CacheFront, CacheMode, Outcome, Timer, with_revision
 from transformers_svc.upstream import PredictorClient, StreamInfo
 
 COMPLETIONS = "/openai/v1/completions"
@@ -208,8 +208,9 @@ class TransformerOpenAI:
             if not clean:
                 await upstream.aclose()  # type: ignore[attr-defined]
         answer = with_revision(_answer_from("".join(pieces), finish, usage), info.model_revision)
-        # Only a stream that ended with [DONE] and a finish reason is a whole answer worth keeping.
-        if finish is not None and is_complete(answer):
+        # Only a stream that ended with [DONE] and a finish reason is a whole answer worth keeping
+        # (front.store checks the rest: completeness and the model revision).
+        if finish is not None:
             await self.front.store(key, mode, answer, res.vector if res is not None else None)
         self._observe(Outcome(answer, status, None), timer)
 
