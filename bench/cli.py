@@ -53,9 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     soak.add_argument("--model", default=None, help="HF model dir (default: the prepared SmolLM2)")
     soak.add_argument("--transformer", default=None, help="running transformer base URL (else start a stack)")
     soak.add_argument("--transformer-grpc", default=None, help="its gRPC host:port")
-    soak.add_argument("--predictor", default=None, help="running predictor base URL (reference answers)")
     soak.add_argument(
-        "--predictor-grpc", default=None, help="its gRPC host:port (unused: references go by REST)",
+        "--predictor-log", default=None,
+        help="with --transformer: the running predictor's JSON log (level info); every answer is "
+        "checked against its generation_finished lines",
     )
     soak.add_argument("--api-key", action="append", default=[], metavar="TENANT=KEY",
                       help="with --transformer: one tenant's key (repeatable); none: no auth header")

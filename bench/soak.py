@@ -2,9 +2,10 @@
 errors and resource growth.
 
 Loopback only. Either starts its own stack (Redis with RediSearch, the predictor and a transformer
-with an API keys file, all on free ports) or uses running ones (`--transformer URL --predictor URL`
-with `--transformer-grpc`, `--predictor-grpc`, `--api-key TENANT=KEY`, and `--pid NAME=PID` for the
-resource samples). `--concurrency` closed-loop workers run for `--duration`, each request drawn from:
+with an API keys file, all on free ports) or uses running ones (`--transformer URL`
+with `--transformer-grpc`, `--api-key TENANT=KEY`, and `--pid NAME=PID` for the
+resource samples), checking answers against `--predictor-log` (the predictor's JSON log, at level
+info). `--concurrency` closed-loop workers run for `--duration`, each request drawn from:
 
   ops        exact (a small pool of prompts sent again and again: hits once stored), paraphrase
              (rewordings of the pool: semantic hits where the verifier accepts them), miss (a fresh
@@ -13,12 +14,21 @@ resource samples). `--concurrency` closed-loop workers run for `--duration`, eac
              openai-chat-stream
   tenants    several API keys, one tenant each (entries are per tenant)
 
-All traffic is temperature 0, so every answer is checked against the reference text: the predictor's
-own answer for that prompt (asked directly, once per prompt). A semantic hit may carry the answer of
-the prompt it paraphrases. Every `--window` seconds: requests, errors by kind, p50/p99 per path,
-and RSS + open file descriptors of each server process (psutil, children included).
+All traffic is temperature 0 and every served answer is checked against what the predictor
+itself produced, from the predictor's own `generation_finished` log lines (request id, finish
+reason, tokens, SHA-256 of the whole answer; `--predictor-log`, or the log of the started stack):
+  miss       the text served is byte for byte the predictor's answer to that very request (found by
+             the x-request-id the transformer forwards), and that generation ended cleanly (stop or
+             length, never aborted); a miss that joined another's in-flight call (single flight)
+             must carry a text the predictor produced for the same tenant and prompt
+  hit        the text is one the predictor produced for a request of the same tenant with that
+             prompt (a semantic hit: or with the prompt it paraphrases)
+Greedy decoding on the CPU backend depends a little on the batch a request runs in, so the same
+prompt can get different (each complete) answers at different times; the report counts prompts
+that did. Every `--window` seconds: requests, errors by kind, p50/p99 per path, and RSS + open
+file descriptors of each server process (psutil, children included).
 
-Pass: zero errors (HTTP/gRPC failures, timeouts, wrong answers), RSS growth after warm-up < 10 %,
+Pass: zero errors (HTTP/gRPC failures, timeouts, wrong or partial answers), RSS growth after warm-up < 10 %,
 no fd growth (final count, after the clients closed, at most the post-warm-up count + `FD_SLACK`).
 Exit status 1 on failure.
 
@@ -29,11 +39,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import random
 import struct
 import tempfile
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,7 +112,8 @@ class SoakReport:
     final: dict[str, tuple[float, int]]  # after the clients closed
     peak_after_warmup: dict[str, tuple[float, int]]
     failures: list[str]
-    divergent_misses: int = 0  # misses whose (whole) text differs from the direct answer
+    verdict: Verdict
+    failed: list[tuple[Sent, str]] = field(default_factory=list)  # unanswered requests, error kind
 
     @property
     def requests(self) -> int:
@@ -132,15 +145,20 @@ def _resources(pids: dict[str, int]) -> dict[str, tuple[float, int]]:
     return out
 
 
-def _grpc_bytes(resp: Any, name: str) -> str | None:
+def _grpc_output(resp: Any, name: str) -> bytes | None:
+    """The first element of a BYTES or INT32 output, raw (raw_output_contents or typed contents)."""
     for i, out in enumerate(resp.outputs):
         if out.name != name:
             continue
         if resp.raw_output_contents:
-            raw = resp.raw_output_contents[i]
-            (n,) = struct.unpack_from("<I", raw, 0)
-            return bytes(raw[4 : 4 + n]).decode()
-        return bytes(out.contents.bytes_contents[0]).decode()
+            raw = bytes(resp.raw_output_contents[i])
+            if out.datatype == "BYTES":
+                (n,) = struct.unpack_from("<I", raw, 0)
+                return raw[4 : 4 + n]
+            return raw[:4]
+        if out.datatype == "BYTES":
+            return bytes(out.contents.bytes_contents[0])
+        return struct.pack("<i", out.contents.int_contents[0])
     return None
 
 
@@ -150,72 +168,177 @@ class Failure(Exception):
         self.kind = kind
 
 
+@dataclass(frozen=True)
+class Served:
+    """What the client got: cache status, text, and the end of the answer as the response told it."""
+
+    status: str
+    text: str
+    finish_reason: str | None
+    completion_tokens: int | None
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as sent: what its answer may be checked against."""
+
+    rid: str
+    path: str
+    op: str
+    tenant: str
+    kind: str  # "raw" (v2 and OpenAI completions share entries) or "chat"
+    prompt: str
+    accept: tuple[str, ...]  # prompts whose answers a semantic hit may carry
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One `generation_finished` line of the predictor's log."""
+
+    request_id: str
+    outcome: str
+    finish_reason: str | None
+    completion_tokens: int
+    output_sha256: str
+
+
+def read_generations(log_path: Path, prefix: str) -> dict[str, list[Generation]]:
+    """The predictor's generations whose request id starts with `prefix`, by request id (a v2
+    request's prompt i runs as `<id>-<i>`: filed under `<id>`)."""
+    out: dict[str, list[Generation]] = defaultdict(list)
+    with log_path.open(errors="replace") as f:
+        for line in f:
+            if "generation_finished" not in line or prefix not in line:
+                continue
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            rid = str(e.get("request_id") or "")
+            if e.get("event") != "generation_finished" or not rid.startswith(prefix):
+                continue
+            base = rid[: -len("-0")] if rid.endswith("-0") else rid
+            out[base].append(Generation(rid, str(e.get("outcome")), e.get("finish_reason"),
+                                        int(e.get("completion_tokens") or 0), str(e.get("output_sha256"))))
+    return out
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class Verdict:
+    """The answer check over a whole run (see the module docstring)."""
+
+    checked: int = 0
+    misses_by_request: int = 0  # misses matched to the predictor's generation for that request
+    misses_joined: int = 0  # misses without a generation of their own (single flight)
+    hits: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    samples: list[str] = field(default_factory=list)
+    answers_per_prompt: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+
+    def fail(self, kind: str, detail: str) -> None:
+        self.failures[kind] += 1
+        if len(self.samples) < 10:
+            self.samples.append(f"{kind}: {detail}")
+
+    @property
+    def prompts_with_several_answers(self) -> int:
+        return sum(1 for v in self.answers_per_prompt.values() if len(v) > 1)
+
+
+def verify(served: list[tuple[Sent, Served]], sent: list[Sent],
+           generations: dict[str, list[Generation]]) -> Verdict:
+    v = Verdict()
+    by_rid = {s.rid: s for s in sent}
+    # What the predictor produced cleanly, per (tenant, kind, prompt), from every request sent,
+    # answered or not (an answer stored by a request whose client gave up is still the model's).
+    produced: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    for rid, gens in generations.items():
+        s = by_rid.get(rid)
+        if s is None:
+            continue
+        for g in gens:
+            if g.outcome == "ok" and g.finish_reason in ("stop", "length"):
+                produced[(s.tenant, s.kind, s.prompt)].add(g.output_sha256)
+    for s, got in served:
+        v.checked += 1
+        digest = _sha(got.text)
+        v.answers_per_prompt.setdefault((s.kind, s.prompt), set()).add(digest)
+        where = f"{s.path} {s.op} {got.status} tenant={s.tenant} rid={s.rid} {s.prompt!r}: {got.text!r}"
+        if got.finish_reason not in (None, "stop", "length"):
+            v.fail("partial_answer", f"{where} finish_reason={got.finish_reason}")
+            continue
+        if got.status == "miss":
+            own = generations.get(s.rid, [])
+            if own:
+                v.misses_by_request += 1
+                g = own[-1]
+                if g.outcome != "ok" or g.finish_reason not in ("stop", "length"):
+                    v.fail("partial_answer", f"{where}: the predictor's generation ended {g.outcome}/"
+                                             f"{g.finish_reason}")
+                elif g.output_sha256 != digest:
+                    v.fail("wrong_answer", f"{where}: not the text the predictor generated for this "
+                                           f"request ({g.completion_tokens} tokens, {g.finish_reason})")
+                elif got.finish_reason is not None and got.finish_reason != g.finish_reason:
+                    v.fail("wrong_answer", f"{where}: finish_reason {got.finish_reason}, the predictor's "
+                                           f"{g.finish_reason}")
+                elif got.completion_tokens is not None and got.completion_tokens != g.completion_tokens:
+                    v.fail("partial_answer", f"{where}: {got.completion_tokens} completion tokens, the "
+                                             f"predictor's {g.completion_tokens}")
+                continue
+            v.misses_joined += 1
+            if digest not in produced[(s.tenant, s.kind, s.prompt)]:
+                v.fail("wrong_answer", f"{where}: no generation of its own and no generation for this "
+                                       f"tenant and prompt gave this text")
+            continue
+        v.hits += 1
+        allowed = s.accept if got.status == "semantic" else (s.prompt,)
+        if not any(digest in produced[(s.tenant, s.kind, p)] for p in allowed):
+            v.fail("wrong_answer", f"{where}: the predictor never produced this text for this tenant and "
+                                   f"{'these prompts' if len(allowed) > 1 else 'prompt'}")
+    return v
+
+
 class Client:
-    def __init__(self, transformer: Endpoint, predictor: Endpoint) -> None:
+    def __init__(self, transformer: Endpoint) -> None:
         import grpc
         from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
         from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 
-        self.t, self.p, self.pb = transformer, predictor, pb
+        self.t, self.pb = transformer, pb
         self.http = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S,
                                       limits=httpx.Limits(max_connections=128, max_keepalive_connections=64))
         self.channel = grpc.aio.insecure_channel(transformer.grpc)
         self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
-        self._refs: dict[tuple[str, str], asyncio.Future[str]] = {}
-        # Texts the predictor returned through the transformer on misses, per (kind, prompt).
-        self.seen: dict[tuple[str, str], set[str]] = {}
 
     async def close(self) -> None:
         await self.http.aclose()
         await self.channel.close()
 
-    # -- references, straight from the predictor, once per prompt
-
-    async def reference(self, kind: str, prompt: str) -> str:
-        key = (kind, prompt)
-        if key not in self._refs:
-            fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-            self._refs[key] = fut
-            try:
-                fut.set_result(await self._ask_predictor(kind, prompt))
-            except Exception as e:
-                del self._refs[key]
-                fut.set_exception(e)
-                fut.exception()  # retrieved: no "never retrieved" warning
-                raise Failure("reference", repr(e)) from e
-        return await asyncio.shield(self._refs[key])
-
-    async def _ask_predictor(self, kind: str, prompt: str) -> str:
-        if kind == "raw":
-            body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
-                    "parameters": {"max_tokens": MAX_TOKENS, "temperature": 0}}
-            r = await self.http.post(f"{self.p.http}/v2/models/{MODEL}/infer", json=body)
-            r.raise_for_status()
-            return str(next(o for o in r.json()["outputs"] if o["name"] == "text_output")["data"][0])
-        r = await self.http.post(f"{self.p.http}/openai/v1/chat/completions", json={
-            "model": MODEL, "temperature": 0, "max_tokens": MAX_TOKENS,
-            "messages": [{"role": "user", "content": prompt}]})
-        r.raise_for_status()
-        return str(r.json()["choices"][0]["message"]["content"])
-
-    # -- one request through the transformer: (cache status, text)
-
-    async def call(self, path: str, prompt: str, key: str | None) -> tuple[str, str]:
-        headers = {"authorization": f"Bearer {key}"} if key else {}
+    async def call(self, path: str, prompt: str, key: str | None, rid: str) -> Served:
+        """One request through the transformer, carrying `rid` as its request id."""
+        headers = {"x-request-id": rid}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
         if path == "v2-rest":
-            body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
+            body = {"id": rid,
+                    "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
                     "parameters": {"max_tokens": MAX_TOKENS, "temperature": 0}}
             r = await self.http.post(f"{self.t.http}/v2/models/{MODEL}/infer", json=body, headers=headers)
             if r.status_code != 200:
                 raise Failure(f"http_{r.status_code}", r.text[:200])
             outs = {o["name"]: o["data"][0] for o in r.json()["outputs"]}
-            return str(outs["cache_status"]), str(outs["text_output"])
+            return Served(str(outs["cache_status"]), str(outs["text_output"]), outs.get("finish_reason"),
+                          outs.get("completion_tokens"))
         if path == "v2-grpc":
             import grpc
 
             pb = self.pb
             req = pb.ModelInferRequest(
-                model_name=MODEL,
+                model_name=MODEL, id=rid,
                 inputs=[pb.ModelInferRequest.InferInputTensor(
                     name="text_input", datatype="BYTES", shape=[1],
                     contents=pb.InferTensorContents(bytes_contents=[prompt.encode()]))],
@@ -223,14 +346,23 @@ class Client:
                             "temperature": pb.InferParameter(int64_param=0)},
             )
             try:
-                resp = await self.stub.ModelInfer(req, metadata=tuple(headers.items()) or None,
+                resp = await self.stub.ModelInfer(req, metadata=tuple(headers.items()),
                                                   timeout=REQUEST_TIMEOUT_S)
             except grpc.aio.AioRpcError as e:
                 raise Failure(f"grpc_{e.code().name}", str(e.details())[:200]) from e
-            return _grpc_bytes(resp, "cache_status") or "?", _grpc_bytes(resp, "text_output") or ""
+            text = _grpc_output(resp, "text_output")
+            if text is None:
+                raise Failure("bad_response", "no text_output")
+            finish = _grpc_output(resp, "finish_reason")
+            tokens = _grpc_output(resp, "completion_tokens")
+            return Served((_grpc_output(resp, "cache_status") or b"?").decode(), text.decode(),
+                          finish.decode() if finish is not None else None,
+                          struct.unpack("<i", tokens)[0] if tokens is not None else None)
         chat = path.startswith("openai-chat")
         stream = path.endswith("-stream")
         body: dict[str, Any] = {"model": MODEL, "temperature": 0, "max_tokens": MAX_TOKENS, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
         if chat:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
@@ -240,11 +372,15 @@ class Client:
             r = await self.http.post(url, json=body, headers=headers)
             if r.status_code != 200:
                 raise Failure(f"http_{r.status_code}", r.text[:200])
-            choice = r.json()["choices"][0]
+            data = r.json()
+            choice = data["choices"][0]
             text = choice["message"]["content"] if chat else choice["text"]
-            return r.headers.get("x-semserve-cache", "?"), str(text)
+            return Served(r.headers.get("x-semserve-cache", "?"), str(text or ""),
+                          choice.get("finish_reason"), (data.get("usage") or {}).get("completion_tokens"))
         parts: list[str] = []
         done = False
+        finish: str | None = None
+        tokens: int | None = None
         async with self.http.stream("POST", url, json=body, headers=headers) as r:
             if r.status_code != 200:
                 raise Failure(f"http_{r.status_code}", (await r.aread()).decode(errors="replace")[:200])
@@ -259,33 +395,44 @@ class Client:
                 event = json.loads(data)
                 if "error" in event:
                     raise Failure("stream_error", data[:200])
+                if event.get("usage"):
+                    tokens = event["usage"].get("completion_tokens")
                 for choice in event.get("choices", []):
                     piece = choice.get("delta", {}).get("content") if chat else choice.get("text")
                     if piece:
                         parts.append(piece)
+                    finish = choice.get("finish_reason") or finish
         if not done:
             raise Failure("stream_truncated", "no [DONE]")
-        return status, "".join(parts)
+        if finish is None:
+            raise Failure("stream_truncated", "no chunk carried a finish_reason")
+        return Served(status, "".join(parts), finish, tokens)
 
 
 async def soak(
-    transformer: Endpoint, predictor: Endpoint, duration_s: float, concurrency: int,
+    transformer: Endpoint, duration_s: float, concurrency: int, predictor_log: Path,
     keys: dict[str, str] | None = None, pids: dict[str, int] | None = None, window_s: float = 10.0,
     warmup_s: float | None = None, seed: int = 0, out: Callable[[str], None] = print,
+    stop: asyncio.Event | None = None,
 ) -> SoakReport:
-    """Run the load; `keys`: tenant -> API key (None: no auth); `pids`: name -> server pid."""
+    """Run the load; `keys`: tenant -> API key (None: no auth); `pids`: name -> server pid;
+    `predictor_log`: the predictor's JSON log, read at the end to check every answer; `stop`: ends
+    the load before `duration_s` when set (fault tests end it once recovery is shown)."""
     rng = random.Random(seed)
+    run_id = f"soak-{uuid.uuid4().hex[:8]}"
     tenants = list((keys or {"default": ""}).items())
     pids = pids or {}
     warmup = warmup_s if warmup_s is not None else max(window_s, min(60.0, 0.2 * duration_s))
-    client = Client(transformer, predictor)
+    client = Client(transformer)
     started = time.monotonic()
     windows = [Window(0.0)]
     totals: dict[str, list[float]] = defaultdict(list)
     errors: Counter[str] = Counter()
     statuses: Counter[str] = Counter()
     samples: list[str] = []
-    divergent: list[str] = []
+    sent: list[Sent] = []
+    served: list[tuple[Sent, Served]] = []
+    failed: list[tuple[Sent, str]] = []  # requests that got no answer, with the error kind
     counter = 0
 
     def record_error(kind: str, detail: str) -> None:
@@ -295,7 +442,8 @@ async def soak(
             samples.append(f"{kind}: {detail}")
             out(f"  error {kind}: {detail}")
 
-    async def one() -> None:
+    async def one() -> bool:
+        """One request; False when it got no answer."""
         nonlocal counter
         counter += 1
         path = rng.choice(PATHS)
@@ -311,48 +459,36 @@ async def soak(
             topic = rng.choice(_TOPICS)
             prompt = f"Write one short sentence about {topic}, case {counter}-{rng.randrange(10**6)}."
             op, accept = "miss", (prompt,)
+        request = Sent(f"{run_id}-{counter}", path, op, tenant, kind, prompt, accept)
+        sent.append(request)
         t0 = time.perf_counter()
         try:
-            status, text = await asyncio.wait_for(client.call(path, prompt, key or None), REQUEST_TIMEOUT_S)
+            got = await asyncio.wait_for(client.call(path, prompt, key or None, request.rid),
+                                         REQUEST_TIMEOUT_S)
         except Failure as e:
             record_error(e.kind, f"{path} {op}: {e}")
-            return
+            failed.append((request, e.kind))
+            return False
         except (TimeoutError, httpx.TimeoutException):
             record_error("timeout", f"{path} {op}")
-            return
+            failed.append((request, "timeout"))
+            return False
         except (httpx.HTTPError, OSError) as e:
             record_error("transport", f"{path} {op}: {e!r}"[:200])
-            return
+            failed.append((request, "transport"))
+            return False
         ms = (time.perf_counter() - t0) * 1000
-        # Which texts are right: the prompt's own answer; a semantic hit may carry its kin's. The
-        # predictor's greedy answer depends a little on the batch it ran in (CPU backend), so what
-        # it returned on a miss (the text then stored) is also its answer for that prompt.
-        allowed = accept if status == "semantic" else (prompt,)
-        try:
-            refs = [await client.reference(kind, p) for p in allowed]
-        except Failure as e:
-            record_error(e.kind, str(e))
-            return
-        known = set(refs).union(*(client.seen.get((kind, p), set()) for p in allowed))
-        if text not in known:
-            detail = f"{path} {op} {status} tenant={tenant} {prompt!r}: {text!r} not in {sorted(known)!r}"
-            if status != "miss" or any(ref.startswith(text) for ref in refs):
-                # A hit serving a text the predictor never gave, or a cut-off answer.
-                record_error("wrong_answer" if status != "miss" else "partial_answer", detail)
-                return
-            divergent.append(detail)
-            if len(divergent) <= 3:
-                out(f"  predictor answer differs from its direct one (batch-dependent): {detail}")
-        if status == "miss":
-            client.seen.setdefault((kind, prompt), set()).add(text)
-        statuses[f"{op}:{status}"] += 1
-        windows[-1].statuses[status] += 1
+        served.append((request, got))
+        statuses[f"{op}:{got.status}"] += 1
+        windows[-1].statuses[got.status] += 1
         windows[-1].latencies[path].append(ms)
         totals[path].append(ms)
+        return True
 
     async def worker() -> None:
-        while time.monotonic() - started < duration_s:
-            await one()
+        while time.monotonic() - started < duration_s and not (stop is not None and stop.is_set()):
+            if not await one():
+                await asyncio.sleep(0.2)  # a client backs off after an error; no busy loop on 503s
 
     def report_window(w: Window) -> None:
         cells = "  ".join(f"{p} {_percentile(v, 0.5):.0f}/{_percentile(v, 0.99):.0f}"
@@ -369,7 +505,7 @@ async def soak(
             report_window(w)
             windows.append(Window(time.monotonic() - started))
 
-    out(f"soak: {duration_s:.0f}s, concurrency {concurrency}, tenants {len(tenants)}, "
+    out(f"soak {run_id}: {duration_s:.0f}s, concurrency {concurrency}, tenants {len(tenants)}, "
         f"warm-up {warmup:.0f}s, servers {sorted(pids)}")
     first = _resources(pids)
     sampling = asyncio.create_task(sampler())
@@ -380,9 +516,15 @@ async def soak(
         await client.close()
     windows[-1].resources = _resources(pids)
     report_window(windows[-1])
-    await asyncio.sleep(2.0)  # let closed connections go
+    await asyncio.sleep(2.0)  # let closed connections go (and the last log lines be written)
     final = _resources(pids)
     elapsed = time.monotonic() - started
+
+    out(f"checking {len(served)} answers against the predictor's generations in {predictor_log}")
+    verdict = verify(served, sent, read_generations(predictor_log, run_id))
+    for kind, n in verdict.failures.items():
+        errors[kind] += n
+    samples.extend(verdict.samples[: max(0, 10 - len(samples))])
 
     after = [w for w in windows if w.start_s + window_s >= warmup and w.resources]
     baseline = after[0].resources if after else first
@@ -397,6 +539,9 @@ async def soak(
         failures.append(f"{sum(errors.values())} errors: {dict(errors)}")
     if not any(totals.values()):
         failures.append("no request answered")
+    if served and not verdict.misses_by_request and any(got.status == "miss" for _, got in served):
+        failures.append(f"no miss could be matched to a generation in {predictor_log}: is it the "
+                        f"predictor's log, at level info?")
     for name, (rss0, fds0) in baseline.items():
         if name not in final:
             failures.append(f"{name}: process gone")
@@ -410,7 +555,7 @@ async def soak(
         if fds1 > fds0 + FD_SLACK:
             failures.append(f"{name}: open fds {fds0} after warm-up -> {fds1} at the end")
     return SoakReport(elapsed, concurrency, windows, errors, samples, statuses, dict(totals), baseline,
-                      final, peak, failures, len(divergent))
+                      final, peak, failures, verdict, failed)
 
 
 def summary(report: SoakReport) -> str:
@@ -432,8 +577,13 @@ def summary(report: SoakReport) -> str:
     lines += ["", f"requests {report.requests} in {report.duration_s:.0f} s "
               f"({report.requests / max(report.duration_s, 1e-9):.1f}/s), errors {dict(report.errors) or 0}",
               f"outcomes (op:cache status): {dict(sorted(report.statuses.items()))}",
-              f"misses whose text differs from the predictor's direct answer (batch-dependent greedy "
-              f"decoding on CPU; served and stored as the predictor gave them): {report.divergent_misses}",
+              f"answers checked against the predictor's own generations: {report.verdict.checked} "
+              f"(misses matched to their request's generation {report.verdict.misses_by_request}, "
+              f"misses that joined an in-flight call {report.verdict.misses_joined}, hits "
+              f"{report.verdict.hits}); wrong or partial: {sum(report.verdict.failures.values())}",
+              f"prompts answered with more than one (complete) text over the run (batch-dependent "
+              f"greedy decoding on CPU): {report.verdict.prompts_with_several_answers} of "
+              f"{len(report.verdict.answers_per_prompt)}",
               "PASS" if report.passed else "FAIL: " + "; ".join(report.failures)]
     return "\n".join(lines)
 
@@ -457,11 +607,11 @@ def main(args: argparse.Namespace) -> int:
     procs: list[Proc] = []
     redis: RedisServer | None = None
     try:
-        if args.transformer or args.predictor:
-            if not (args.transformer and args.predictor and args.transformer_grpc):
-                raise SystemExit("--transformer, --transformer-grpc and --predictor go together")
+        if args.transformer or args.predictor_log:
+            if not (args.transformer and args.transformer_grpc and args.predictor_log):
+                raise SystemExit("--transformer, --transformer-grpc and --predictor-log go together")
             t = Endpoint(args.transformer.rstrip("/"), args.transformer_grpc)
-            p = Endpoint(args.predictor.rstrip("/"), args.predictor_grpc or "")
+            predictor_log = Path(args.predictor_log)
         else:
             from semserve import model_prep
 
@@ -471,14 +621,15 @@ def main(args: argparse.Namespace) -> int:
             (work / "keys.json").write_text(json.dumps({t: [hash_key(k)] for t, k in keys.items()}))
             redis = RedisServer(_free_port(), data_dir=work / "redis").start()
             p_http, p_grpc, t_http, t_grpc = (_free_port() for _ in range(4))
+            predictor_log = LOG_DIR / "soak-predictor.log"
             model_dir = Path(args.model) if args.model else model_prep.prepare().model_dir
             pred = Proc(
                 "predictor",
                 ["predictor", "--model", str(model_dir), "--http-port", str(p_http),
                  "--grpc-port", str(p_grpc), "--max-num-seqs", str(max(32, args.concurrency)),
-                 "--max-model-len", "2048",
-                 "--log-level", "warning"],
-                f"http://127.0.0.1:{p_http}/v2/health/ready", LOG_DIR / "soak-predictor.log",
+                 # Info: its `generation_finished` lines are what every answer is checked against.
+                 "--max-model-len", "2048", "--log-level", "info"],
+                f"http://127.0.0.1:{p_http}/v2/health/ready", predictor_log,
             )
             procs.append(pred.start())
             pred.wait_ready()
@@ -493,10 +644,9 @@ def main(args: argparse.Namespace) -> int:
             procs.append(trans.start())
             trans.wait_ready(300)
             t = Endpoint(f"http://127.0.0.1:{t_http}", f"127.0.0.1:{t_grpc}")
-            p = Endpoint(f"http://127.0.0.1:{p_http}", f"127.0.0.1:{p_grpc}")
             assert pred.proc is not None and trans.proc is not None and redis.process is not None
             pids = {"predictor": pred.proc.pid, "transformer": trans.proc.pid, "redis": redis.process.pid}
-        report = asyncio.run(soak(t, p, duration, args.concurrency, keys or None, pids,
+        report = asyncio.run(soak(t, duration, args.concurrency, predictor_log, keys or None, pids,
                                   window_s=args.window, seed=args.seed))
     finally:
         for proc in reversed(procs):

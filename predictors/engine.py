@@ -7,6 +7,7 @@ continuous batch; nothing here serializes them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 import uuid
@@ -204,6 +205,10 @@ class Engine:
         )
         timing = _Timing(tracing.now_ns() if span.is_recording() else 0)
         finish_reason: str | None = None
+        # A digest of the whole answer in the `generation_finished` line: it proves what this
+        # engine produced for a request id (the soak checks every served answer against it)
+        # without putting the answer itself in the log.
+        digest = hashlib.sha256()
         try:
             generator = self.llm.generate(
                 TokensPrompt(prompt_token_ids=prepared.token_ids),
@@ -229,13 +234,13 @@ class Engine:
                 finish = piece.finish_reason if out.finished else None
                 finish_reason = finish or finish_reason
                 if piece.text or finish:
+                    digest.update(piece.text.encode())
                     yield Delta(piece.text, tokens, finish, prompt_tokens)
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
             # AsyncLLM.generate aborts the engine request on cancellation; we count it.
             outcome = "aborted"
             metrics.ABORTED.labels(*labels).inc()
-            log.info("generation_aborted", engine_request_id=engine_id, tokens=tokens)
             raise
         except BaseException as exc:
             tracing.fail(span, exc)
@@ -245,6 +250,19 @@ class Engine:
             metrics.COMPLETION_TOKENS.labels(*labels).inc(tokens)
             metrics.REQUESTS.labels(*labels, outcome).inc()
             metrics.REQUEST_LATENCY.labels(*labels).observe(time.monotonic() - started)
+            # One line per generation, whatever its end (ok, aborted, error).
+            log.info(
+                "generation_finished",
+                request_id=request_id,
+                engine_request_id=engine_id,
+                protocol=protocol,
+                outcome=outcome,
+                finish_reason=finish_reason,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=tokens,
+                output_sha256=digest.hexdigest(),
+                seconds=round(time.monotonic() - started, 4),
+            )
             if span.is_recording():
                 _end_generation_span(span, timing, tokens, finish_reason, outcome)
 
