@@ -109,6 +109,7 @@ class RedisServer:
         appendonly: bool = False,
         save: str = "",
         startup_timeout_s: float = 15.0,
+        acl_file: Path | str | None = None,
     ) -> None:
         self.port = port
         self.host = host
@@ -117,6 +118,10 @@ class RedisServer:
         self.appendonly = appendonly
         self.save = save  # "" = no RDB snapshots; e.g. "3600 1" to snapshot
         self.startup_timeout_s = startup_timeout_s
+        # With an ACL file (`--aclfile`, as the Kubernetes manifest starts Redis) the server takes its
+        # users and passwords from that file; `password` is then only what this class authenticates
+        # with (readiness check, url) and is not given to the server.
+        self.acl_file = Path(acl_file) if acl_file is not None else None
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -140,13 +145,19 @@ class RedisServer:
             "--appendonly", "yes" if self.appendonly else "no",
             "--loadmodule", str(search_module()),
         ]  # fmt: skip
-        if self.password:
+        if self.acl_file is not None:
+            cmd += ["--aclfile", str(self.acl_file.resolve())]
+        elif self.password:
             # The password goes in on stdin (see start()), never in argv: argv is public in `ps`.
             cmd.append("-")
         return cmd
 
+    @property
+    def _password_on_stdin(self) -> bool:
+        return bool(self.password) and self.acl_file is None
+
     def _stdin_config(self) -> bytes:
-        if not self.password:
+        if not self.password or not self._password_on_stdin:
             return b""
         # Redis config syntax: a double-quoted string with backslash escapes.
         quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
@@ -162,13 +173,13 @@ class RedisServer:
         with open(self.data_dir / "stderr.log", "wb") as stderr:
             self.process = subprocess.Popen(
                 self.command(),
-                stdin=subprocess.PIPE if self.password else subprocess.DEVNULL,
+                stdin=subprocess.PIPE if self._password_on_stdin else subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,  # Ctrl-C in a terminal goes to us; we stop it in order
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
-            if self.password:
+            if self._password_on_stdin:
                 assert self.process.stdin is not None
                 # The server reads its config from stdin until EOF before it starts listening.
                 self.process.stdin.write(self._stdin_config())
