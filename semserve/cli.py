@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "semserve.commands.model",
     "semserve.commands.up",
     "semserve.commands.settings",
+    "semserve.audit",
     "predictors.cli",
     "transformers_svc.cli",
     "bench.cli",
