@@ -46,14 +46,16 @@ class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int | None = None
+    # `json_schema_extra` documents in the OpenAPI document what `unsupported()` and `sampling()`
+    # accept (so clients and schemathesis send it); validation stays where it is.
+    max_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
-    n: int = 1
+    n: int = Field(1, json_schema_extra={"enum": [1]})
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
@@ -98,8 +100,15 @@ class _SamplingFields(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _prompt_schema(schema: dict[str, Any]) -> None:
+    # What `_prompt` accepts: text with something besides whitespace, alone or in a non-empty list.
+    text = {"type": "string", "pattern": r"\S"}
+    schema.pop("anyOf", None)
+    schema["anyOf"] = [text, {"type": "array", "items": text, "minItems": 1}]
+
+
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str]
+    prompt: str | list[str] = Field(json_schema_extra=_prompt_schema)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -156,7 +165,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None

@@ -94,6 +94,34 @@ async def _parse(request: Request, model_cls: type[BaseModel]) -> Any:
         raise validation_error(exc) from None
 
 
+def body_openapi(model_cls: type[BaseModel], served: list[str]) -> dict[str, Any]:
+    """`openapi_extra` documenting the JSON body a route parses by hand with `_parse` (FastAPI sees
+    only a `Request` there, so its document would show no body and clients, schemathesis included,
+    could not know what to send). Documentation only: parsing and validation stay in `_parse`.
+
+    `model` is listed as the names this server serves, the only ones the backends accept (any other
+    is a 404). Nested models are inlined: pydantic's `#/$defs/...` references would resolve against
+    the root of the OpenAPI document, where those definitions are not."""
+    schema = model_cls.model_json_schema()
+    defs: dict[str, Any] = schema.pop("$defs", {})
+    schema["properties"]["model"] = {**schema["properties"]["model"], "enum": served}
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                return inline({**defs[ref.removeprefix("#/$defs/")], **rest})
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}
+    }
+
+
 def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = ROUTE_PREFIX) -> None:
     def context(request: Request) -> RequestContext:
         rid = request_id_var.get() or request.headers.get("x-request-id") or ""
@@ -137,9 +165,14 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
         except ServingError as exc:
             return error_response(exc)
 
+    served = [card.id for card in backend.models()]
     app.add_api_route(f"{prefix}/v1/models", list_models, methods=["GET"], tags=["openai"])
     app.add_api_route(f"{prefix}/v1/models/{{model_name}}", get_model, methods=["GET"], tags=["openai"])
-    app.add_api_route(f"{prefix}/v1/completions", completions, methods=["POST"], tags=["openai"])
     app.add_api_route(
-        f"{prefix}/v1/chat/completions", chat_completions, methods=["POST"], tags=["openai"]
+        f"{prefix}/v1/completions", completions, methods=["POST"], tags=["openai"],
+        openapi_extra=body_openapi(CompletionRequest, served),
+    )
+    app.add_api_route(
+        f"{prefix}/v1/chat/completions", chat_completions, methods=["POST"], tags=["openai"],
+        openapi_extra=body_openapi(ChatCompletionRequest, served),
     )

@@ -54,17 +54,62 @@ def register_admin_routes(app: FastAPI, cache: SemanticCache | None, auth: Authe
 
         return await guarded(request, op)
 
+    def limit_param(request: Request) -> int:
+        # Parsed before Redis sees it: `guarded` reports any other error as the cache being down (503).
+        raw = request.query_params.get("limit") or str(INSPECT_DEFAULT_LIMIT)
+        try:
+            limit = int(raw)
+        except ValueError:
+            message = f"query parameter 'limit' must be an integer, got {raw[:40]!r}"
+            raise BadRequest(message, "limit") from None
+        if limit < 0:  # Redis refuses a negative LIMIT
+            raise BadRequest(f"query parameter 'limit' must be >= 0, got {limit}", "limit")
+        return min(limit, INSPECT_MAX_LIMIT)
+
     async def inspect(request: Request) -> JSONResponse:
         async def op() -> Any:
             assert cache is not None
-            limit = int(request.query_params.get("limit", "20") or 20)
-            return {"entries": await cache.redis_store.inspect(tenant_param(request), min(limit, 1000))}
+            tenant, limit = tenant_param(request), limit_param(request)
+            return {"entries": await cache.redis_store.inspect(tenant, limit)}
 
         return await guarded(request, op)
 
-    app.add_api_route("/admin/cache/stats", stats, methods=["GET"], tags=["admin"])
-    app.add_api_route("/admin/cache/flush", flush, methods=["POST"], tags=["admin"])
-    app.add_api_route("/admin/cache/inspect", inspect, methods=["GET"], tags=["admin"])
+    # The handlers read their query parameters by hand; the document lists them all the same.
+    app.add_api_route(
+        "/admin/cache/stats", stats, methods=["GET"], tags=["admin"],
+        openapi_extra=_query(("tenant", "only this tenant's count", False, _STR)),
+    )
+    app.add_api_route(
+        "/admin/cache/flush", flush, methods=["POST"], tags=["admin"],
+        openapi_extra=_query(
+            ("tenant", "the tenant whose entries go (required unless model_revision is given)", False, _STR),
+            ("model", "only this model's entries", False, _STR),
+            ("model_revision", "only entries written under this model revision", False, _STR),
+        ),
+    )
+    app.add_api_route(
+        "/admin/cache/inspect", inspect, methods=["GET"], tags=["admin"],
+        openapi_extra=_query(
+            ("tenant", "the tenant whose newest entries are listed", True, _STR),
+            ("limit", f"how many entries (at most {INSPECT_MAX_LIMIT})", False,
+             {"type": "integer", "minimum": 0, "default": INSPECT_DEFAULT_LIMIT}),
+        ),
+    )
+
+
+INSPECT_DEFAULT_LIMIT = 20
+INSPECT_MAX_LIMIT = 1000
+_STR: dict[str, Any] = {"type": "string"}
+
+
+def _query(*params: tuple[str, str, bool, dict[str, Any]]) -> dict[str, Any]:
+    """`openapi_extra` listing query parameters as (name, description, required, schema)."""
+    return {
+        "parameters": [
+            {"name": name, "in": "query", "description": doc, "required": required, "schema": schema}
+            for name, doc, required, schema in params
+        ]
+    }
 
 
 def _counters(cache: SemanticCache) -> dict[str, Any]:
