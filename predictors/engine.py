@@ -29,6 +29,10 @@ log = get_logger("semserve.predictor.engine")
 _THREAD_TOKENIZE_CHARS = 8192
 
 
+class EngineDied(RuntimeError):
+    """The vLLM engine process is gone; nothing this process does brings it back."""
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A prompt checked against the context window, with its token ids."""
@@ -109,6 +113,16 @@ class Engine:
             self.llm.shutdown()
             self.llm = None
 
+    async def watch(self, every_s: float = 0.5) -> None:
+        """Return never while the engine lives; raise EngineDied once it has died (its process
+        killed or out of memory). A predictor without an engine can only answer errors, and vLLM
+        does not restart its engine: the process must end so that its pod is restarted."""
+        while True:
+            await asyncio.sleep(every_s)
+            if self.llm is not None and self.llm.errored:
+                log.error("engine_dead", model=str(self.model_dir))
+                raise EngineDied("the vLLM engine died; the predictor exits so that it is restarted")
+
     async def healthy(self) -> bool:
         if not self.ready:
             return False
@@ -119,6 +133,10 @@ class Engine:
             return False
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
+        if not self.ready:
+            # Without this a chat request during engine load met a tokenizer of None and was
+            # answered 400 "does not fit the chat template" instead of the 503 it is.
+            raise Unavailable("the engine is not ready yet")
         try:
             return self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True
@@ -242,6 +260,13 @@ class Engine:
             outcome = "aborted"
             metrics.ABORTED.labels(*labels).inc()
             raise
+        except Exception as exc:
+            tracing.fail(span, exc)
+            if self.llm is None or self.llm.errored:
+                # vLLM's EngineDeadError (a 500 to KServe): the documented 503 instead, and
+                # `watch` ends the process.
+                raise Unavailable("the engine died; the predictor is restarting") from None
+            raise
         except BaseException as exc:
             tracing.fail(span, exc)
             raise
@@ -284,9 +309,14 @@ class Engine:
         self, prepared: list[Prepared], request_id: str, protocol: str
     ) -> list[Generated]:
         # A TaskGroup cancels (and so aborts) the siblings if one generation fails.
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(self.generate(p, f"{request_id}-{i}", protocol)) for i, p in
-                     enumerate(prepared)]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self.generate(p, f"{request_id}-{i}", protocol)) for i, p in
+                         enumerate(prepared)]
+        except ExceptionGroup as group:
+            # The first failure as itself: callers map BadRequest/Unavailable to 400/503, and an
+            # ExceptionGroup would reach KServe as a 500 (gRPC INTERNAL).
+            raise group.exceptions[0] from None
         return [t.result() for t in tasks]
 
 

@@ -31,6 +31,10 @@ class VLLMPredictor(kserve.Model):
     async def start_engine(self) -> None:
         await self.llm.start()
 
+    async def watch(self) -> None:
+        """Raises once the engine has died (the server then ends the process)."""
+        await self.llm.watch()
+
     def stop(self) -> None:
         self.llm.shutdown()
 

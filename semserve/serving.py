@@ -25,11 +25,12 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from grpc import aio
-from kserve.errors import InferenceError, InvalidInput, ServerNotReady
+from kserve.errors import InferenceError, InvalidInput, ModelNotFound, ServerNotReady
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 from kserve.protocol.rest.server import RESTServer
 
 from semserve import http_limits, tracing
@@ -179,6 +180,10 @@ class HttpGuard:
     ) -> None:
         disconnected = asyncio.Event()
         replayed = False
+        # Once the last body message is on its way, uvicorn's receive() answers http.disconnect at
+        # once: that is the response being complete, not a client leaving. Cancelling then would
+        # cut the app's own tail (logs, audit) and log a delivered 200 as a 499.
+        completed = False
 
         async def replay() -> dict[str, Any]:
             nonlocal replayed
@@ -189,6 +194,9 @@ class HttpGuard:
             return {"type": "http.disconnect"}
 
         async def send_with_id(message: dict[str, Any]) -> None:
+            nonlocal completed
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True
             if message["type"] == "http.response.start":
                 status["status"] = message["status"]
                 message = dict(message)
@@ -206,7 +214,7 @@ class HttpGuard:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     disconnected.set()
-                    if not app_task.done():
+                    if not app_task.done() and not completed:
                         log.info("client_disconnected", path=scope["path"])
                         app_task.cancel()
                     return
@@ -422,6 +430,29 @@ class _ReadinessDataPlane(DataPlane):
             raise InvalidInput(f"malformed inference request: {type(exc).__name__}: {exc}") from None
 
 
+class _ServedModels(ModelRepositoryExtension):
+    """KServe's model repository extension (v2 `/v2/repository/models/{name}/load|unload` and their
+    gRPC twins) for a server whose models are fixed at start: one pod serves one model from start to
+    exit, and Knative scales pods, not models.
+
+    KServe's own answers `load` of a name it does not serve with 503 "not ready" (its registry's
+    load is a no-op), and lets any client `unload` the served model, after which the pod stays ready
+    while every request fails with 404."""
+
+    async def load(self, model_name: str) -> None:
+        if self._model_registry.get_model(model_name) is None:
+            raise ModelNotFound(model_name)
+        await super().load(model_name)  # already loaded: 200, or 503 while the engine still starts
+
+    async def unload(self, model_name: str) -> None:
+        if self._model_registry.get_model(model_name) is None:
+            raise ModelNotFound(model_name)
+        raise InvalidInput(
+            f"model control is disabled: this server serves {model_name!r} until it exits "
+            "and cannot unload it (scale with replicas instead)"
+        )
+
+
 class _QuietServer(uvicorn.Server):
     # Signals are ours: uvicorn's handler would stop accepting before readiness turned false.
     @contextlib.contextmanager
@@ -439,6 +470,14 @@ async def _validation_error(_: Any, exc: RequestValidationError) -> JSONResponse
 
 async def _client_tensor_error(_: Any, exc: InferenceError) -> JSONResponse:
     return JSONResponse(status_code=400, content={"error": str(exc)})
+
+
+async def _not_supported(_: Any, exc: NotImplementedError) -> JSONResponse:
+    # KServe raises NotImplementedError for a feature a request asks for and this server lacks: a
+    # `model_version` (our models have none) or v1 `:explain` (no explainer). Its 501 reads as a
+    # server fault; the request is what no replica can serve, a 400 that says what is unsupported.
+    detail = str(exc) or "this operation"
+    return JSONResponse(status_code=400, content={"error": f"not supported by this server: {detail}"})
 
 
 class SemserveModelServer(kserve.ModelServer):
@@ -468,6 +507,7 @@ class SemserveModelServer(kserve.ModelServer):
         )
         self.state = ServingState()
         self.dataplane = _ReadinessDataPlane(self.state, model_registry=self.registered_models)
+        self.model_repository_extension = _ServedModels(model_registry=self.registered_models)
         self.host = host
         self.grace = grace_period
         self.max_body_bytes = max_body_bytes
@@ -516,17 +556,33 @@ class SemserveModelServer(kserve.ModelServer):
             http_port=self.http_port,
             grpc_port=self.grpc_port if self.enable_grpc else None,
         )
+        # Models that can fail for good after starting (an engine process dying) say so by
+        # raising from `watch()`; they run until the servers end and never hold up a shutdown.
+        watchers = [
+            asyncio.ensure_future(self._watch(m)) for m in models if callable(getattr(m, "watch", None))
+        ]
+        everything = asyncio.gather(*tasks)
         try:
             # A server that dies on its own (port taken, engine failure) ends the process.
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            done, _ = await asyncio.wait([everything, *watchers], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
-            await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
+            for task in (*tasks, everything, *watchers):
                 task.cancel()
             self._stop_models()
+
+    async def _watch(self, model: Any) -> None:
+        try:
+            await model.watch()
+        except Exception as exc:
+            log.error("model_failed", model=getattr(model, "name", "?"), error=str(exc))
+            # Readiness false and new requests refused at once; those in flight (failing fast
+            # without the model) get their answers before the process ends.
+            self.state.draining = True
+            await self.state.wait_idle(min(self.grace, 5.0))
+            raise
 
     def _build_app(self) -> Any:
         rest = RESTServer(
@@ -546,6 +602,7 @@ class SemserveModelServer(kserve.ModelServer):
         # KServe raises InferenceError (a 500) while decoding tensors a client sent wrongly,
         # e.g. non-UTF-8 bytes in a JSON-encoded BYTES tensor; our models never raise it.
         app.add_exception_handler(InferenceError, _client_tensor_error)
+        app.add_exception_handler(NotImplementedError, _not_supported)
         inner: Any = self.wrap_app(app) if self.wrap_app is not None else app
         return HttpGuard(inner, self.state, self.max_body_bytes)
 

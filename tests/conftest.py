@@ -32,12 +32,21 @@ class Predictor:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Tests that stop the shared predictor run after everything else that uses it.
-    items.sort(key=lambda item: 1 if item.get_closest_marker("stops_predictor") else 0)
+    # Tests that kill and restart the shared predictor run after everything else that uses it, and
+    # those that stop it for good run last.
+    def order(item: pytest.Item) -> int:
+        if item.get_closest_marker("stops_predictor"):
+            return 2
+        return 1 if item.get_closest_marker("restarts_predictor") else 0
+
+    items.sort(key=order)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "stops_predictor: ends the shared predictor process")
+    config.addinivalue_line(
+        "markers", "restarts_predictor: kills the shared predictor and starts it again (same ports)"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -60,11 +69,13 @@ def predictor() -> Iterator[Predictor]:
         LOG_DIR / "predictor.log",
     ).start()
     url = f"http://127.0.0.1:{http_port}"
+    shared = Predictor(url, f"127.0.0.1:{grpc_port}", proc)
     try:
         proc.wait_until(http_ready(f"{url}/v2/health/ready"), 600, "predictor")
-        yield Predictor(url, f"127.0.0.1:{grpc_port}", proc)
+        yield shared
     finally:
-        proc.stop()
+        # The process of now: a restarts_predictor test may have replaced the first one.
+        shared.process.stop()
 
 
 @dataclass
