@@ -8,7 +8,14 @@ import pytest
 
 from tests.conftest import Predictor
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# A system prompt of these tests' own: with the template's default one, the prompt's first KV blocks
+# are shared with every other chat request of the suite and may come from the prefix cache, computed
+# inside another test's big batch; on this CPU backend that can change a greedy answer (the soak's
+# chat load turned "Paris" into "L'Étoile, la Marseillaise, ...").
+QUESTION = [
+    {"role": "system", "content": "You are a geography assistant. Answer in one short sentence."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 @pytest.fixture
