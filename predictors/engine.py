@@ -260,15 +260,12 @@ class Engine:
             outcome = "aborted"
             metrics.ABORTED.labels(*labels).inc()
             raise
-        except Exception as exc:
+        except BaseException as exc:
             tracing.fail(span, exc)
-            if self.llm is None or self.llm.errored:
+            if isinstance(exc, Exception) and (self.llm is None or self.llm.errored):
                 # vLLM's EngineDeadError (a 500 to KServe): the documented 503 instead, and
                 # `watch` ends the process.
                 raise Unavailable("the engine died; the predictor is restarting") from None
-            raise
-        except BaseException as exc:
-            tracing.fail(span, exc)
             raise
         finally:
             metrics.IN_FLIGHT.labels(*labels).dec()
