@@ -11,14 +11,15 @@ real redis-stack-server in a container image).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -91,12 +92,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    # A test run killed with SIGKILL must not leave Redis servers behind (Linux only, best effort).
-    with contextlib.suppress(Exception):
-        import ctypes
+def _die_with_parent_prefix() -> list[str]:
+    """argv prefix that makes the server get SIGTERM when this process dies (Linux, best effort).
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    A test run killed with SIGKILL must not leave Redis servers behind. This is done by util-linux
+    `setpriv --pdeathsig`, not by a Python `preexec_fn`: Python code run between fork and exec in a
+    multithreaded process (pytest with asyncio.to_thread workers) crashed the child with SIGSEGV.
+    The death signal follows the *thread* that forked, so it is only set up from the main thread: a
+    worker thread's normal exit would otherwise stop the server.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 class RedisServer:
@@ -172,12 +180,11 @@ class RedisServer:
         # Everything goes to the logfile; stderr only gets what happens before it is opened.
         with open(self.data_dir / "stderr.log", "wb") as stderr:
             self.process = subprocess.Popen(
-                self.command(),
+                _die_with_parent_prefix() + self.command(),
                 stdin=subprocess.PIPE if self._password_on_stdin else subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,  # Ctrl-C in a terminal goes to us; we stop it in order
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
             if self._password_on_stdin:
                 assert self.process.stdin is not None
