@@ -133,10 +133,11 @@ def tenant_objects(
     namespace: str,
     *,
     model: str | None = None,
+    revision: str | None = None,
     external_redis: bool = False,
     manifests: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """The overlay's objects for one tenant: identity changed, nothing else."""
+    """The overlay's objects for one tenant: identity, model and its revision label changed, nothing else."""
     if profile not in PROFILES:
         raise TenantError(f"--profile {profile!r}: choose one of {', '.join(PROFILES)}")
     if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 45:
@@ -159,8 +160,7 @@ def tenant_objects(
             labels[PROFILE_LABEL] = profile
         if kind == "InferenceService":
             meta["name"] = name
-            if model:
-                doc["spec"]["predictor"]["model"]["storageUri"] = model
+            _label_model(doc, model, revision)
         elif kind == "PodDisruptionBudget":
             meta["name"] = str(meta["name"]).replace(BASE_NAME, name, 1)
             sel = (doc.get("spec") or {}).get("selector", {}).get("matchLabels", {})
@@ -168,6 +168,33 @@ def tenant_objects(
                 sel[ISVC_LABEL] = name
         out.append(doc)
     return out
+
+
+def _label_model(isvc: dict[str, Any], model: str | None, revision: str | None) -> None:
+    """Set the predictor's storageUri and one revision label on predictor, transformer and annotation.
+
+    The label is --revision, else one derived from the storageUri: another model is always another
+    cache key (re-creating a tenant on another model or profile never serves the old model's cached
+    answers), and the stable transformer of a first canary is keyed by a revision (without one it
+    would cache the canary's answers as its own).
+    """
+    predictor = isvc["spec"]["predictor"]["model"]
+    if model:
+        predictor["storageUri"] = model
+    anns = isvc["metadata"].setdefault("annotations", {})
+    label = revision or default_revision(predictor.get("storageUri", ""))
+    anns[REVISION_ANN] = _checked_revision(label)
+    _set_env(predictor, PREDICTOR_REVISION_ENV, label)
+    containers = (isvc["spec"].get("transformer") or {}).get("containers") or []
+    if containers:
+        _set_env(containers[0], REVISION_ENV, label)  # the first container is semserve's transformer
+
+
+def _checked_revision(label: str) -> str:
+    # It is an annotation value, an env value and part of every cache key: keep it plain.
+    if not re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,62}", label):
+        raise TenantError(f"--revision {label!r}: letters, digits, '-', '_' and '.', at most 63 characters")
+    return label
 
 
 # --- API access -------------------------------------------------------------------------------
@@ -460,7 +487,8 @@ _Dumper.add_representer(str, _str)
 
 def cmd_create(cl: Client | None, args: argparse.Namespace) -> int:
     docs = tenant_objects(
-        args.profile, args.name, args.namespace, model=args.model, external_redis=args.external_redis
+        args.profile, args.name, args.namespace, model=args.model, revision=args.revision,
+        external_redis=args.external_redis,
     )
     if args.dry_run:
         print(yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False), end="")
@@ -648,7 +676,7 @@ def cmd_rollout(cl: Client, args: argparse.Namespace) -> int:
     old_model = ((spec.get("predictor") or {}).get("model") or {}).get("storageUri", "")
     # "" is a tenant that never rolled out: its entries carry no revision (the base's default).
     old_rev = anns.get(REVISION_ANN) or _env(container, REVISION_ENV) or ""
-    new_rev = args.revision or default_revision(args.model)
+    new_rev = _checked_revision(args.revision or default_revision(args.model))
     if new_rev == old_rev:
         raise TenantError(f"revision {new_rev} is already the tenant's; give another --model or --revision")
     canary_container = copy.deepcopy(container)
@@ -819,6 +847,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(c)
     c.add_argument("--profile", default="dev", choices=list(PROFILES))
     c.add_argument("--model", default=None, help="predictor storageUri (hf://..., pvc://claim/dir, s3://...)")
+    c.add_argument(
+        "--revision",
+        default=None,
+        help="model revision label (cache key, answer label); default: derived from the storageUri",
+    )
     c.add_argument(
         "--external-redis",
         action="store_true",

@@ -19,7 +19,10 @@ def test_canary_overlay_patches_the_right_fields(rendered: dict[str, list[dict[s
     predictor_env = {e["name"]: e.get("value") for e in spec["predictor"]["model"]["env"]}
     assert predictor_env[tenant.PREDICTOR_REVISION_ENV] == "v2"  # the canary labels its answers
     prod_predictor_env = {e["name"]: e.get("value") for e in prod["spec"]["predictor"]["model"]["env"]}
-    assert prod_predictor_env[tenant.PREDICTOR_REVISION_ENV] == ""
+    # prod's revision is labelled too (v1), so its stable transformer does not cache the canary's answers.
+    prod_env0 = {e["name"]: e.get("value") for e in prod["spec"]["transformer"]["containers"][0]["env"]}
+    assert prod_predictor_env[tenant.PREDICTOR_REVISION_ENV] == prod_env0[tenant.REVISION_ENV] == "v1"
+    assert prod["metadata"]["annotations"][tenant.REVISION_ANN] == "v1"
     assert {k: v for k, v in predictor_env.items() if k != tenant.PREDICTOR_REVISION_ENV} == {
         k: v for k, v in prod_predictor_env.items() if k != tenant.PREDICTOR_REVISION_ENV
     }

@@ -65,13 +65,20 @@ def test_rollout_status_promote(
 ) -> None:
     assert cli(kubeconfig, "create", "ada", "-n", "t", "--profile", "prod") == 0
     _controllers_report(fake, "t", "ada", actual=2, desired=2)
-    old_model = fake.get(*ISVC, "t", "ada")["spec"]["predictor"]["model"]["storageUri"]
+    created = fake.get(*ISVC, "t", "ada")
+    old_model = created["spec"]["predictor"]["model"]["storageUri"]
+    # Created with a revision on both sides (derived from the model's URI): the stable transformer of
+    # the first canary is keyed by it and so does not store the canary predictor's (v2-labelled)
+    # answers as its own.
+    v1 = tenant.default_revision(old_model)
+    assert env(created, tenant.REVISION_ENV) == predictor_env(created, tenant.PREDICTOR_REVISION_ENV) == v1
+    assert created["metadata"]["annotations"][tenant.REVISION_ANN] == v1
     capsys.readouterr()
 
     assert cli(kubeconfig, "rollout", "ada", "-n", "t", "--model", NEW, "--canary", "10",
                "--revision", "v2") == 0
     out = capsys.readouterr().out
-    assert f"canary of {NEW} as revision v2 at 10% (previous: unlabelled, {old_model})" in out
+    assert f"canary of {NEW} as revision v2 at 10% (previous: {v1}, {old_model})" in out
     assert "transformer  canaryTrafficPercent 10  cache keyed by revision v2" in out
     isvc = fake.get(*ISVC, "t", "ada")
     spec, anns = isvc["spec"], isvc["metadata"]["annotations"]
@@ -84,7 +91,7 @@ def test_rollout_status_promote(
     assert predictor_env(isvc, "SEMSERVE_TRACE_EXPORTER") is not None  # the rest of its env survived
     assert "answers labelled v2" in out
     assert host_arg(isvc) == "--predictor_host=" + tenant.CANARY_PREDICTOR_HOST
-    assert anns[tenant.ROLLOUT_ANN] == "canary" and anns[tenant.PREVIOUS_REVISION_ANN] == ""
+    assert anns[tenant.ROLLOUT_ANN] == "canary" and anns[tenant.PREVIOUS_REVISION_ANN] == v1
     assert anns[tenant.TAG_ROUTING_ANN] == "true"
     # Everything else of the transformer container survived the list replacement.
     assert env(isvc, "SEMSERVE_TRANSFORMER_API_KEYS_FILE") == "/etc/semserve/api-keys/api-keys.json"
@@ -136,7 +143,7 @@ def test_rollout_status_promote(
 
 
 def test_rollback(fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(kubeconfig, "create", "bo", "-n", "t", "--profile", "dev") == 0
+    assert cli(kubeconfig, "create", "bo", "-n", "t", "--profile", "dev", "--revision", "v1") == 0
     _controllers_report(fake, "t", "bo", actual=1, desired=1)
     assert cli(kubeconfig, "rollout", "bo", "-n", "t", "--model", NEW, "--canary", "25",
                "--revision", "v2") == 0
@@ -144,7 +151,7 @@ def test_rollback(fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureF
     capsys.readouterr()
     assert cli(kubeconfig, "rollback", "bo", "-n", "t") == 0
     out = capsys.readouterr().out
-    assert "rolled back to revision unlabelled; canary v2 gets 0%" in out
+    assert "rolled back to revision v1; canary v2 gets 0%" in out
     assert "semserve cache flush --model-revision v2" in out
     isvc = fake.get(*ISVC, "t", "bo")
     assert isvc["spec"]["predictor"]["canaryTrafficPercent"] == 0
@@ -155,6 +162,38 @@ def test_rollback(fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureF
     assert host_arg(isvc) == "--predictor_host=" + tenant.STABLE_PREDICTOR_HOST
     assert isvc["metadata"]["annotations"][tenant.ROLLOUT_ANN] == "rolled-back"
     assert cli(kubeconfig, "rollback", "bo", "-n", "t") == 1
+
+
+def test_create_labels_the_model_revision(
+    fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def labels(name: str) -> tuple[str | None, str | None, str]:
+        isvc = fake.get(*ISVC, "t", name)
+        return (env(isvc, tenant.REVISION_ENV), predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV),
+                isvc["metadata"]["annotations"][tenant.REVISION_ANN])
+
+    # Another model: a label derived from its URI, so its answers never share keys with another model's.
+    assert cli(kubeconfig, "create", "cy", "-n", "t", "--profile", "dev") == 0
+    dev_model = fake.get(*ISVC, "t", "cy")["spec"]["predictor"]["model"]["storageUri"]
+    assert labels("cy") == (tenant.default_revision(dev_model),) * 3
+    assert cli(kubeconfig, "create", "cy", "-n", "t", "--profile", "prod") == 0  # prod: another model
+    prod_model = fake.get(*ISVC, "t", "cy")["spec"]["predictor"]["model"]["storageUri"]
+    assert prod_model != dev_model and labels("cy") == (tenant.default_revision(prod_model),) * 3
+    assert cli(kubeconfig, "create", "cy", "-n", "t", "--model", NEW) == 0
+    assert labels("cy") == (tenant.default_revision(NEW),) * 3
+    # Re-created on yet another model: another label (the old model's cached answers stop being served).
+    assert cli(kubeconfig, "create", "cy", "-n", "t", "--model", "pvc://semserve-models/llm-v3") == 0
+    assert labels("cy") == (tenant.default_revision("pvc://semserve-models/llm-v3"),) * 3
+    assert cli(kubeconfig, "create", "di", "-n", "t", "--revision", "2026-12.a") == 0
+    assert labels("di") == ("2026-12.a",) * 3
+    capsys.readouterr()
+    assert cli(kubeconfig, "create", "ed", "-n", "t", "--revision", "a b{c}") == 1
+    assert "--revision 'a b{c}'" in capsys.readouterr().err
+    assert fake.get(*ISVC, "t", "ed") is None
+    assert cli(kubeconfig, "rollout", "di", "-n", "t", "--model", NEW, "--revision", "") == 0  # "" -> derived
+    assert cli(kubeconfig, "rollback", "di", "-n", "t") == 0
+    assert cli(kubeconfig, "rollout", "di", "-n", "t", "--model", NEW, "--revision", "x/y") == 1
+    assert "--revision 'x/y'" in capsys.readouterr().err
 
 
 def test_rollout_refusals(fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
