@@ -65,6 +65,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     soak.add_argument("--output", default=None, help="append the summary to this file")
     soak.set_defaults(func=_soak)
 
+    from bench import determinism
+
+    det = bench_sub.add_parser(
+        "determinism",
+        help="temperature-0 answers solo vs inside a batch, prefix caching on and off (counts that differ)",
+    )
+    determinism.add_arguments(det)
+    det.set_defaults(func=_determinism, worker=False, prefix_caching="on")
+
 
 def _predictor(args: argparse.Namespace) -> int:
     from bench.predictor import main
@@ -80,5 +89,11 @@ def _cache(args: argparse.Namespace) -> int:
 
 def _soak(args: argparse.Namespace) -> int:
     from bench.soak import main
+
+    return main(args)
+
+
+def _determinism(args: argparse.Namespace) -> int:
+    from bench.determinism import main
 
     return main(args)
