@@ -674,7 +674,7 @@ def cmd_rollout(cl: Client, args: argparse.Namespace) -> int:
         )
     spec = isvc["spec"]
     old_model = ((spec.get("predictor") or {}).get("model") or {}).get("storageUri", "")
-    # "" is a tenant that never rolled out: its entries carry no revision (the base's default).
+    # "" only for a tenant created before `create` labelled revisions: its entries carry none.
     old_rev = anns.get(REVISION_ANN) or _env(container, REVISION_ENV) or ""
     new_rev = _checked_revision(args.revision or default_revision(args.model))
     if new_rev == old_rev:

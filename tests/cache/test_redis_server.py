@@ -6,7 +6,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -103,9 +105,6 @@ def test_start_from_worker_threads_while_others_run(tmp_path: Path) -> None:
     # Regression: a Python preexec_fn ran between fork and exec and crashed the child with SIGSEGV when
     # Redis was (re)started through asyncio.to_thread while other threads were busy. The server must also
     # outlive the worker thread that started it (the parent-death signal follows the forking thread).
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
     stop = threading.Event()
 
     def busy() -> None:
