@@ -33,7 +33,7 @@ from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 from kserve.protocol.rest.server import RESTServer
 
-from semserve import http_limits, tracing
+from semserve import http_limits, kserve_rest, tracing
 from semserve.logs import get_logger, request_id_var
 
 log = get_logger("semserve.serving")
@@ -597,7 +597,8 @@ class SemserveModelServer(kserve.ModelServer):
             # Before KServe's routes, so ours win where a path is shared.
             self.setup_app(app)
         tracing.register_debug_routes(app)  # memory exporter only
-        rest.create_application()
+        with kserve_rest.without_kserve_openai():  # KServe's OpenAI layer would import vLLM
+            rest.create_application()
         app.add_exception_handler(RequestValidationError, _validation_error)
         # KServe raises InferenceError (a 500) while decoding tensors a client sent wrongly,
         # e.g. non-UTF-8 bytes in a JSON-encoded BYTES tensor; our models never raise it.
