@@ -646,7 +646,7 @@ def main(args: argparse.Namespace) -> int:
     transformer = Proc(
         "transformer",
         ["transformer", "--http-port", str(t_http), "--grpc-port", str(t_grpc),
-         "--predictor-host", f"127.0.0.1:{p_grpc}", "--predictor-url", f"http://127.0.0.1:{p_http}",
+         "--predictor-host", f"127.0.0.1:{p_grpc}",
          "--cache-redis-url", "REDIS", "--cache-deployment", "bench_e2e",
          "--embed-lru-size", "0", *args.transformer_arg],
         f"http://127.0.0.1:{t_http}/v2/health/ready", LOG_DIR / "cache-bench-transformer.log",

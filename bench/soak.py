@@ -636,7 +636,7 @@ def main(args: argparse.Namespace) -> int:
             trans = Proc(
                 "transformer",
                 ["transformer", "--http-port", str(t_http), "--grpc-port", str(t_grpc),
-                 "--predictor-host", f"127.0.0.1:{p_grpc}", "--predictor-url", f"http://127.0.0.1:{p_http}",
+                 "--predictor-host", f"127.0.0.1:{p_grpc}",
                  "--cache-redis-url", redis.url, "--cache-deployment", "soak",
                  "--api-keys-file", str(work / "keys.json"), "--log-level", "warning"],
                 f"http://127.0.0.1:{t_http}/v2/health/ready", LOG_DIR / "soak-transformer.log",

@@ -438,6 +438,14 @@ class SemanticCache:
 
     # -- single flight -----------------------------------------------------------------------------
 
+    def flight_key(self, req: CacheRequest) -> str | None:
+        """The key under which identical concurrent requests share one generation (None: this
+        request shares nothing, e.g. a bypass); the same as `run_once` uses."""
+        req = self._scoped(req)
+        if self._skip(req):
+            return None
+        return keys.exact_key(req, self.redis_store.schema.version)
+
     async def run_once(
         self,
         req: CacheRequest,

@@ -21,6 +21,7 @@ from predictors.config import PredictorSettings
 from semserve import tracing
 from semserve.errors import BadRequest, Unavailable
 from semserve.logs import get_logger
+from semserve.openai_protocol import ChatPrompt
 from semserve.sampling import SamplingOptions
 
 log = get_logger("semserve.predictor.engine")
@@ -132,14 +133,16 @@ class Engine:
         except Exception:
             return False
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, chat: ChatPrompt) -> str:
+        """The prompt text of a chat: its messages through the model's chat template."""
         if not self.ready:
             # Without this a chat request during engine load met a tokenizer of None and was
             # answered 400 "does not fit the chat template" instead of the 503 it is.
             raise Unavailable("the engine is not ready yet")
         try:
             return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                chat.plain_messages(), tokenize=False, add_generation_prompt=True,
+                **(chat.chat_template_kwargs or {}),
             )
         except Exception as exc:  # templates raise on roles or orders they don't accept
             raise BadRequest(f"messages do not fit the model's chat template: {exc}", "messages") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kserve
@@ -9,10 +10,11 @@ from kserve import InferRequest, InferResponse
 from kserve.errors import InvalidInput
 
 from predictors.config import PredictorSettings
-from predictors.engine import Engine
+from predictors.engine import Engine, Prepared
 from semserve import tracing, v2
 from semserve.errors import BadRequest, Unavailable
-from semserve.serving import Unavailable503
+from semserve.serving import InvalidInput400, Unavailable503
+from semserve.streams import merge_streams
 
 
 class VLLMPredictor(kserve.Model):
@@ -55,25 +57,19 @@ class VLLMPredictor(kserve.Model):
     ) -> InferResponse:
         if not isinstance(payload, InferRequest):
             raise InvalidInput("this model speaks the v2 protocol: POST /v2/models/{name}/infer")
-        if not self.llm.ready:
-            raise Unavailable503(f"model {self.name} is not ready: the engine is still starting")
-        protocol = "v2-grpc" if payload.from_grpc else "v2-rest"
-        request_id = payload.id or (headers or {}).get("x-request-id") or ""
-        tracing.annotate(semserve__protocol=protocol, gen_ai__request__model=self.name)
         try:
-            request = v2.parse_request(payload, self.settings.max_batch_size)
-            prepared = [
-                await self.llm.prepare(p, request.sampling, field=f"text_input[{i}]")
-                for i, p in enumerate(request.prompts)
-            ]
-            results = await self.llm.generate_many(prepared, request_id, protocol)
+            _, prepared = await self._prepare(payload)
+            return await self._whole(payload, headers, prepared)
         except BadRequest as exc:
-            raise InvalidInput(exc.message) from None
+            raise InvalidInput400(exc.message, exc.field) from None
         except Unavailable as exc:
             raise Unavailable503(exc.message) from None
-        params: dict[str, Any] = {"prompt_tokens": sum(r.prompt_tokens for r in results)}
-        if self.settings.model_revision:
-            params[v2.MODEL_REVISION] = self.settings.model_revision
+
+    async def _whole(
+        self, payload: InferRequest, headers: dict[str, str] | None, prepared: list[Prepared]
+    ) -> InferResponse:
+        request_id = self._request_id(payload, headers)
+        results = await self.llm.generate_many(prepared, request_id, _protocol(payload))
         return v2.build_response(
             self.name,
             request_id,
@@ -81,5 +77,60 @@ class VLLMPredictor(kserve.Model):
                 v2.TextResult(r.text, r.finish_reason, r.completion_tokens, r.prompt_tokens)
                 for r in results
             ],
-            parameters=params,
+            parameters=self._parameters(sum(r.prompt_tokens for r in results)),
         )
+
+    async def infer_stream(
+        self, payload: InferRequest, headers: dict[str, str]
+    ) -> AsyncIterator[v2.StreamPart]:
+        """ModelStreamInfer and generate_stream: with the `stream` input, one response per new text
+        piece of any prompt of the batch (the others empty), else one response with everything."""
+        request, prepared = await self._prepare(payload)
+        request_id = self._request_id(payload, headers)
+        if not request.stream:
+            yield v2.StreamPart(await self._whole(payload, headers, prepared), final=True)
+            return
+        size = len(prepared)
+        params = self._parameters(sum(len(p.token_ids) for p in prepared))
+        unfinished = size
+        streams = [
+            self.llm.stream(p, f"{request_id}-{i}" if size > 1 else request_id, _protocol(payload))
+            for i, p in enumerate(prepared)
+        ]
+        async for index, delta in merge_streams(streams):
+            if delta.finish_reason:
+                unfinished -= 1
+            piece = v2.TextResult(delta.text, delta.finish_reason or "", delta.completion_tokens)
+            response = v2.piece_response(self.name, request_id, size, index, piece, params)
+            yield v2.StreamPart(response, final=unfinished == 0)
+
+    async def _prepare(self, payload: InferRequest) -> tuple[v2.TextRequest, list[Prepared]]:
+        if not self.llm.ready:
+            raise Unavailable503(f"model {self.name} is not ready: the engine is still starting")
+        tracing.annotate(semserve__protocol=_protocol(payload), gen_ai__request__model=self.name)
+        request = v2.parse_request(payload, self.settings.max_batch_size)
+        if request.chats:
+            prompts = [self.llm.render_chat(chat) for chat in request.chats]
+            fields = [f"{v2.CHAT_INPUT}[{i}]" for i in range(len(prompts))]
+        else:
+            prompts = request.prompts
+            fields = [f"{v2.TEXT_INPUT}[{i}]" for i in range(len(prompts))]
+        prepared = [
+            await self.llm.prepare(p, request.sampling, field=f) for p, f in zip(prompts, fields, strict=True)
+        ]
+        return request, prepared
+
+    @staticmethod
+    def _request_id(payload: InferRequest, headers: dict[str, str] | None) -> str:
+        lowered = {k.lower(): v for k, v in (headers or {}).items()}
+        return payload.id or lowered.get("x-request-id") or ""
+
+    def _parameters(self, prompt_tokens: int) -> dict[str, Any]:
+        params: dict[str, Any] = {v2.PROMPT_TOKENS: prompt_tokens}
+        if self.settings.model_revision:
+            params[v2.MODEL_REVISION] = self.settings.model_revision
+        return params
+
+
+def _protocol(payload: InferRequest) -> str:
+    return "v2-grpc" if payload.from_grpc else "v2-rest"

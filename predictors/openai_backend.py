@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from predictors.config import PredictorSettings
-from predictors.engine import Delta, Engine, Prepared
+from predictors.engine import Engine, Prepared
 from semserve import openai_protocol as oa
 from semserve import tracing
 from semserve.errors import BadRequest, NotFound
 from semserve.openai_routes import MODEL_REVISION_HEADER, RequestContext
+from semserve.streams import merge_streams
 
 PROTOCOL = "openai"
 
@@ -67,7 +67,7 @@ class PredictorOpenAI:
         include_usage: bool,
     ) -> AsyncIterator[oa.Completion]:
         totals = {"prompt": sum(len(p.token_ids) for p in prepared), "completion": [0] * len(prepared)}
-        async for index, delta in _merge(
+        async for index, delta in merge_streams(
             [self.engine.stream(p, f"{ctx.request_id}-{i}", PROTOCOL) for i, p in enumerate(prepared)]
         ):
             totals["completion"][index] = delta.completion_tokens
@@ -82,7 +82,7 @@ class PredictorOpenAI:
     ) -> oa.ChatCompletion | AsyncIterator[oa.ChatCompletionChunk]:
         self._check_model(req.model)
         options = req.sampling(self.settings.default_max_tokens)
-        prompt = self.engine.render_chat(req.plain_messages())
+        prompt = self.engine.render_chat(req.prompt())
         prepared = await self.engine.prepare(prompt, options, field="messages")
         rid, created = oa.new_id("chatcmpl"), oa.now()
         self._label(ctx)
@@ -115,37 +115,3 @@ class PredictorOpenAI:
             yield oa.chat_usage_chunk(
                 rid, self.name, created, len(prepared.token_ids), completion_tokens
             )
-
-
-async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
-    """Interleave several generations as their pieces arrive; closing it cancels them all."""
-    if len(streams) == 1:
-        async for delta in streams[0]:
-            yield 0, delta
-        return
-    queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
-
-    async def pump(index: int, stream: AsyncIterator[Delta]) -> None:
-        try:
-            async for delta in stream:
-                await queue.put((index, delta))
-            await queue.put((index, None))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            await queue.put((index, exc))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            index, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()

@@ -11,6 +11,7 @@ from predictors.engine import Engine
 from predictors.model import VLLMPredictor
 from predictors.openai_backend import PredictorOpenAI
 from semserve import logs, model_prep, tracing
+from semserve.generate_routes import register_generate_routes
 from semserve.openai_routes import register_openai_routes
 from semserve.serving import SemserveModelServer
 
@@ -41,6 +42,7 @@ def run(settings: PredictorSettings, trace_settings: tracing.TracingSettings | N
 
     def setup(app: FastAPI) -> None:
         register_openai_routes(app, openai)
+        register_generate_routes(app, model)
 
     server = SemserveModelServer(
         host=settings.host,

@@ -163,18 +163,20 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatPrompt(BaseModel):
+    """What shapes a chat prompt: the messages and the fields that the model's chat template takes.
+    The OpenAI chat route reads it from the request; v2 clients send it as the JSON of the `chat`
+    input (semserve/v2.py), so that the predictor applies the chat template either way."""
+
+    model_config = ConfigDict(extra="forbid")
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
     tools: list[Any] | None = None
-    tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+    # Passed to the tokenizer's apply_chat_template, as vLLM's server does.
+    chat_template_kwargs: dict[str, Any] | None = None
 
-    def effective_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    def unsupported(self) -> None:
-        super().unsupported()
+    def check(self) -> None:
         if self.tools:
             raise BadRequest("tools are not supported by this model server", "tools")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
@@ -186,6 +188,9 @@ class ChatCompletionRequest(_SamplingFields):
                 raise BadRequest(f"messages[{i}] is not valid UTF-8 (lone surrogate)", "messages")
         if self.messages[-1].role == "assistant":
             raise BadRequest("the last message must not be from the assistant", "messages")
+        for key in (self.chat_template_kwargs or {}):
+            if key in _TEMPLATE_ARGUMENTS_OF_OURS:
+                raise BadRequest(f"chat_template_kwargs may not set {key!r}", "chat_template_kwargs")
 
     def plain_messages(self) -> list[dict[str, str]]:
         # Chat templates expect "system"; "developer" is OpenAI's newer name for the same role.
@@ -193,6 +198,54 @@ class ChatCompletionRequest(_SamplingFields):
             {"role": "system" if m.role == "developer" else m.role, "content": m.text}
             for m in self.messages
         ]
+
+    def context(self) -> dict[str, Any]:
+        """Everything but the last message's text: what a cached answer must match exactly."""
+        messages = self.plain_messages()
+        context: dict[str, Any] = {
+            "history": messages[:-1],
+            "last_role": messages[-1]["role"],
+            "tools": self.tools,
+            "response_format": self.response_format,
+        }
+        if self.chat_template_kwargs:
+            context["chat_template_kwargs"] = self.chat_template_kwargs
+        return context
+
+    @property
+    def last_text(self) -> str:
+        return self.messages[-1].text
+
+
+# Arguments the server sets itself when it renders a template.
+_TEMPLATE_ARGUMENTS_OF_OURS = ("conversation", "messages", "tokenize", "add_generation_prompt")
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        self.prompt().check()
+
+    def prompt(self) -> ChatPrompt:
+        return ChatPrompt(
+            messages=self.messages,
+            tools=self.tools,
+            response_format=self.response_format,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
+
+    def plain_messages(self) -> list[dict[str, str]]:
+        return self.prompt().plain_messages()
 
 
 def _utf8(text: str) -> bool:

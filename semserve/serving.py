@@ -14,7 +14,7 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from concurrent import futures
 from typing import Any
 
@@ -27,7 +27,6 @@ from fastapi.responses import JSONResponse
 from grpc import aio
 from kserve.errors import InferenceError, InvalidInput, ModelNotFound, ServerNotReady
 from kserve.protocol.dataplane import DataPlane
-from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
@@ -35,6 +34,7 @@ from kserve.protocol.rest.server import RESTServer
 
 from semserve import http_limits, kserve_rest, tracing
 from semserve.logs import get_logger, request_id_var
+from semserve.oip import service as oip_service
 
 log = get_logger("semserve.serving")
 
@@ -55,6 +55,14 @@ class Unavailable503(ServerNotReady):
     def __init__(self, detail: str | None = None) -> None:
         super().__init__(detail)
         self.reason = self.error_msg
+
+
+class InvalidInput400(InvalidInput):
+    """KServe's InvalidInput (400 / gRPC INVALID_ARGUMENT) that also names the request field."""
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.field = field
 
 
 class ServingState:
@@ -276,10 +284,13 @@ def _too_large(limit: int) -> dict[str, str]:
 
 
 UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
+StreamCall = Callable[[AsyncIterator[Any], aio.ServicerContext], AsyncIterator[Any]]
 
 
-class UnaryInterceptor(aio.ServerInterceptor):
-    """Base for interceptors that wrap the behaviour of unary calls (all of v2's RPCs are)."""
+class CallInterceptor(aio.ServerInterceptor):
+    """Base for interceptors that wrap the behaviour of unary calls and of bidirectional streams
+    (v2's RPCs are unary; ModelStreamInfer is a stream). A subclass that lets streams through
+    unwrapped must say so: `wrap_stream` has no default."""
 
     async def intercept_service(
         self,
@@ -287,24 +298,42 @@ class UnaryInterceptor(aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None:
             return handler
-        call = self.wrap(details.method, tuple(details.invocation_metadata or ()), handler.unary_unary)
-        if call is None:
-            return handler
-        return grpc.unary_unary_rpc_method_handler(
-            call,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        metadata = tuple(details.invocation_metadata or ())
+        if handler.unary_unary is not None:
+            call = self.wrap(details.method, metadata, handler.unary_unary)
+            if call is None:
+                return handler
+            return grpc.unary_unary_rpc_method_handler(
+                call,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            stream = self.wrap_stream(details.method, metadata, handler.stream_stream)
+            if stream is None:
+                return handler
+            return grpc.stream_stream_rpc_method_handler(
+                stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
 
     def wrap(self, method: str, metadata: tuple[Any, ...], inner: UnaryCall) -> UnaryCall | None:
         """The call to run instead of `inner`, or None to leave this method alone."""
         raise NotImplementedError
 
+    def wrap_stream(
+        self, method: str, metadata: tuple[Any, ...], inner: StreamCall
+    ) -> StreamCall | None:
+        """The stream handler to run instead of `inner`, or None to leave this method alone."""
+        raise NotImplementedError
 
-class GrpcGuard(UnaryInterceptor):
-    """Drain refusal, in-flight count and request id for unary gRPC calls."""
+
+class GrpcGuard(CallInterceptor):
+    """Drain refusal, in-flight count, request id, log line and server span for every call."""
 
     def __init__(self, state: ServingState) -> None:
         self.state = state
@@ -350,6 +379,48 @@ class GrpcGuard(UnaryInterceptor):
                 request_id_var.reset(token)
 
         return call
+
+    def wrap_stream(self, method: str, metadata_items: tuple[Any, ...], inner: StreamCall) -> StreamCall:
+        metadata = dict(metadata_items)
+        rid = str(metadata.get("x-request-id") or uuid.uuid4().hex)
+
+        async def stream(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
+            # An async generator's context is its consumer's: grpc runs this one in the call's own
+            # task, so the request id and span set here reach the handler and its tasks.
+            request_id_var.set(rid)
+            started = time.monotonic()
+            code = "OK"
+            responses = 0
+            traced = _grpc_span(method, metadata, rid, context)
+            try:
+                if self.state.draining:
+                    code = "UNAVAILABLE"
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+                self.state.enter()
+                try:
+                    async for response in inner(requests, context):
+                        responses += 1
+                        yield response
+                    _grpc_traceresponse(traced, context)
+                except (asyncio.CancelledError, GeneratorExit):
+                    code = "CANCELLED"
+                    raise
+                except Exception:
+                    code = "ERROR"
+                    raise
+                finally:
+                    self.state.leave()
+            finally:
+                log.info(
+                    "grpc_stream",
+                    method=method,
+                    code=code,
+                    responses=responses,
+                    duration_ms=round((time.monotonic() - started) * 1000, 2),
+                )
+                _end_grpc_span(traced, context, code)
+
+        return stream
 
 
 def _grpc_span(method: str, metadata: dict[str, Any], rid: str, context: aio.ServicerContext) -> Any:
@@ -619,9 +690,13 @@ class SemserveModelServer(kserve.ModelServer):
                 ("grpc.so_reuseport", 0),
             ],
         )
-        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(self.dataplane, self.model_repository_extension), server
-        )
+        # KServe's servicer for health, metadata and repository RPCs; ours for ModelInfer (raw
+        # outputs, as Triton) and ModelStreamInfer (which KServe's proto lacks).
+        server.add_generic_rpc_handlers((
+            oip_service.generic_handler(
+                self.dataplane, InferenceServicer(self.dataplane, self.model_repository_extension)
+            ),
+        ))
         address = f"{self.host}:{self.grpc_port}"
         if server.add_insecure_port(address) == 0:
             raise OSError(f"cannot bind gRPC to {address} (port in use?)")

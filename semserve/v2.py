@@ -2,37 +2,55 @@
 
 It is the contract of Triton's vLLM backend, so existing clients work unchanged:
 - input  `text_input` BYTES [B] (or [B, 1]): B prompts, generated together;
+- or     `chat` BYTES [B]: B chat prompts, each the JSON of an OpenAI chat request's prompt-shaping
+         fields {"messages", "tools", "response_format", "chat_template_kwargs"}, rendered with the
+         model's chat template by the predictor (semserve.openai_protocol.ChatPrompt);
 - input  `sampling_parameters` BYTES [1] (optional): a JSON object, merged over request parameters;
+- input  `stream` BOOL [1] (optional, or parameter `stream`): on ModelStreamInfer and
+         generate_stream, one response per new text piece instead of one per request;
 - output `text_output` BYTES [B], `finish_reason` BYTES [B], `completion_tokens` INT32 [B].
 Sampling comes from request `parameters` (`max_tokens`, `temperature`, `top_p`, `top_k`, `seed`,
-`stop`, `ignore_eos`).
+`stop`, `ignore_eos`). Response parameters: `prompt_tokens` (the batch's sum) and `model_revision`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse
+from pydantic import ValidationError
 
 from semserve.errors import BadRequest
+from semserve.openai_protocol import ChatPrompt, validation_error
 from semserve.sampling import SamplingOptions, parse_sampling
 
 TEXT_INPUT = "text_input"
+CHAT_INPUT = "chat"
 SAMPLING_INPUT = "sampling_parameters"
+STREAM_INPUT = "stream"
 TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
 COMPLETION_TOKENS = "completion_tokens"
 # Response parameter (string): the model revision that produced the answer, when the predictor has
 # one (--model-revision); the transformer does not cache answers of another revision than its own.
 MODEL_REVISION = "model_revision"
+# Response parameter (int): prompt tokens of the whole batch.
+PROMPT_TOKENS = "prompt_tokens"
+# Triton's decoupled-model conventions on ModelStreamInfer: every response says whether it is the
+# last of its request; a request may ask for that mark in an empty response of its own.
+FINAL_RESPONSE = "triton_final_response"
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
 
 INPUTS_METADATA: list[dict[str, Any]] = [
     {"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]},
-    # Optional (the gRPC TensorMetadata message has no field to say so).
+    # Optional, or instead of text_input (the gRPC TensorMetadata message has no field to say so).
+    {"name": CHAT_INPUT, "datatype": "BYTES", "shape": [-1]},
     {"name": SAMPLING_INPUT, "datatype": "BYTES", "shape": [1]},
+    {"name": STREAM_INPUT, "datatype": "BOOL", "shape": [1]},
 ]
 OUTPUTS_METADATA: list[dict[str, Any]] = [
     {"name": TEXT_OUTPUT, "datatype": "BYTES", "shape": [-1]},
@@ -43,10 +61,18 @@ OUTPUTS_METADATA: list[dict[str, Any]] = [
 
 @dataclass(frozen=True)
 class TextRequest:
+    # Exactly one of the two is non-empty: raw prompts (text_input) or chat prompts (chat).
     prompts: list[str]
     sampling: SamplingOptions
     # Request-level parameters other than sampling (e.g. the transformer's cache hints), kept verbatim.
     extra: dict[str, Any]
+    chats: list[ChatPrompt] = field(default_factory=list)
+    # One response per new text piece (ModelStreamInfer, generate_stream), else one per request.
+    stream: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.chats) or len(self.prompts)
 
 
 @dataclass(frozen=True)
@@ -74,12 +100,12 @@ def _param_value(value: Any) -> Any:
     return value
 
 
-def _decode(item: Any, index: int) -> str:
+def _decode(item: Any, index: int, name: str = TEXT_INPUT) -> str:
     if isinstance(item, bytes):
         try:
             text = item.decode("utf-8")
         except UnicodeDecodeError:
-            raise BadRequest(f"{TEXT_INPUT}[{index}] is not valid UTF-8", TEXT_INPUT) from None
+            raise BadRequest(f"{name}[{index}] is not valid UTF-8", name) from None
     elif isinstance(item, str):
         text = item
         # JSON may carry a lone surrogate ("\ud800"): a Python str, but not text any tokenizer
@@ -87,13 +113,13 @@ def _decode(item: Any, index: int) -> str:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            raise BadRequest(f"{TEXT_INPUT}[{index}] is not valid UTF-8", TEXT_INPUT) from None
+            raise BadRequest(f"{name}[{index}] is not valid UTF-8", name) from None
     else:
-        raise BadRequest(f"{TEXT_INPUT}[{index}] must be a string", TEXT_INPUT)
+        raise BadRequest(f"{name}[{index}] must be a string", name)
     if "\x00" in text:
-        raise BadRequest(f"{TEXT_INPUT}[{index}] contains a NUL character", TEXT_INPUT)
+        raise BadRequest(f"{name}[{index}] contains a NUL character", name)
     if not text.strip():
-        raise BadRequest(f"{TEXT_INPUT}[{index}] is empty", TEXT_INPUT)
+        raise BadRequest(f"{name}[{index}] is empty", name)
     return text
 
 
@@ -112,20 +138,67 @@ def _elements(inp: Any) -> list[Any]:
     return list(np.asarray(array, dtype=object).reshape(-1))
 
 
+def _chat(item: Any, index: int) -> ChatPrompt:
+    text = _decode(item, index, CHAT_INPUT)
+    try:
+        prompt = ChatPrompt.model_validate_json(text)
+    except ValidationError as exc:
+        error = validation_error(exc)
+        raise BadRequest(f"{CHAT_INPUT}[{index}]: {error.message}", CHAT_INPUT) from None
+    prompt.check()
+    return prompt
+
+
+def _stream_flag(request: InferRequest, params: dict[str, Any]) -> bool:
+    stream_input = request.get_input_by_name(STREAM_INPUT)
+    if stream_input is None:
+        value = params.pop(STREAM_INPUT, False)
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        if not isinstance(value, bool):
+            raise BadRequest("parameter stream must be a boolean", STREAM_INPUT)
+        return value
+    if stream_input.datatype != "BOOL":
+        raise BadRequest(f"{STREAM_INPUT} must have datatype BOOL, got {stream_input.datatype}", STREAM_INPUT)
+    try:
+        values = np.asarray(stream_input.as_numpy()).reshape(-1).tolist()
+    except Exception as exc:
+        raise BadRequest(f"{STREAM_INPUT}: data does not match its shape: {exc}", STREAM_INPUT) from None
+    if len(values) != 1:
+        raise BadRequest(f"{STREAM_INPUT} must hold exactly one value", STREAM_INPUT)
+    params.pop(STREAM_INPUT, None)
+    return bool(values[0])
+
+
 def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
     names = [i.name for i in request.inputs]
-    unknown = [n for n in names if n not in (TEXT_INPUT, SAMPLING_INPUT)]
+    known = (TEXT_INPUT, CHAT_INPUT, SAMPLING_INPUT, STREAM_INPUT)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise BadRequest(f"unknown input(s) {unknown}; expected {TEXT_INPUT!r}", unknown[0])
+        raise BadRequest(
+            f"unknown input(s) {unknown}; expected {TEXT_INPUT!r} or {CHAT_INPUT!r}", unknown[0]
+        )
     text_input = request.get_input_by_name(TEXT_INPUT)
-    if text_input is None:
-        raise BadRequest(f"missing input {TEXT_INPUT!r} (BYTES, shape [B])", TEXT_INPUT)
-    items = _elements(text_input)
+    chat_input = request.get_input_by_name(CHAT_INPUT)
+    if text_input is not None and chat_input is not None:
+        raise BadRequest(f"send {TEXT_INPUT!r} or {CHAT_INPUT!r}, not both", CHAT_INPUT)
+    prompt_input = text_input if text_input is not None else chat_input
+    if prompt_input is None:
+        raise BadRequest(
+            f"missing input {TEXT_INPUT!r} (BYTES, shape [B]) or {CHAT_INPUT!r} (BYTES, shape [B])",
+            TEXT_INPUT,
+        )
+    items = _elements(prompt_input)
     if not items:
-        raise BadRequest(f"{TEXT_INPUT} holds no prompts", TEXT_INPUT)
+        raise BadRequest(f"{prompt_input.name} holds no prompts", prompt_input.name)
     if len(items) > max_batch:
-        raise BadRequest(f"{TEXT_INPUT} holds {len(items)} prompts; at most {max_batch}", TEXT_INPUT)
-    prompts = [_decode(item, i) for i, item in enumerate(items)]
+        raise BadRequest(
+            f"{prompt_input.name} holds {len(items)} prompts; at most {max_batch}", prompt_input.name
+        )
+    if text_input is not None:
+        prompts, chats = [_decode(item, i) for i, item in enumerate(items)], []
+    else:
+        prompts, chats = [], [_chat(item, i) for i, item in enumerate(items)]
 
     params = _plain_parameters(request.parameters)
     sampling_input = request.get_input_by_name(SAMPLING_INPUT)
@@ -141,6 +214,7 @@ def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
         if not isinstance(parsed, dict):
             raise BadRequest(f"{SAMPLING_INPUT} must be a JSON object", SAMPLING_INPUT)
         params = {**params, **parsed}
+    stream = _stream_flag(request, params)
     # `stop` may arrive as a JSON-encoded list in a string parameter (v2 parameters are scalars).
     stop = params.get("stop")
     if isinstance(stop, str) and stop.startswith("["):
@@ -150,7 +224,7 @@ def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
             raise BadRequest("stop is not a valid JSON list", "stop") from None
     sampling = parse_sampling(params)
     extra = {k: v for k, v in params.items() if k not in sampling.to_dict()}
-    return TextRequest(prompts=prompts, sampling=sampling, extra=extra)
+    return TextRequest(prompts=prompts, sampling=sampling, extra=extra, chats=chats, stream=stream)
 
 
 def build_response(
@@ -177,23 +251,56 @@ def build_response(
 
 
 def read_response(response: InferResponse) -> list[TextResult]:
-    """The inverse of build_response, for the transformer reading the predictor's answer."""
+    """The inverse of build_response."""
 
     def column(name: str) -> list[Any]:
         out = response.get_output_by_name(name)
-        if out is None:
+        return [] if out is None else list(np.asarray(out.as_numpy(), dtype=object).reshape(-1))
+
+    return results_from_columns(column)
+
+
+def results_from_columns(column: Callable[[str], list[Any] | None]) -> list[TextResult]:
+    """TextResults from a response's output columns (`column(name)`: its flat values or None)."""
+
+    def required(name: str) -> list[Any]:
+        values = column(name)
+        if not values and name == TEXT_OUTPUT:
             raise BadRequest(f"predictor response lacks output {name!r}", name)
-        return list(np.asarray(out.as_numpy(), dtype=object).reshape(-1))
+        return list(values or [])
 
     def text(v: Any) -> str:
         return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
-    texts = column(TEXT_OUTPUT)
-    reasons = column(FINISH_REASON)
-    tokens = column(COMPLETION_TOKENS)
+    texts = required(TEXT_OUTPUT)
+    reasons = required(FINISH_REASON) or [""] * len(texts)
+    tokens = required(COMPLETION_TOKENS) or [0] * len(texts)
     return [
         TextResult(text(t), text(r), int(n)) for t, r, n in zip(texts, reasons, tokens, strict=True)
     ]
+
+
+@dataclass(frozen=True)
+class StreamPart:
+    """One response of a request on ModelStreamInfer / generate_stream; `final` marks its last."""
+
+    response: InferResponse
+    final: bool
+
+
+def piece_response(
+    model_name: str,
+    request_id: str | None,
+    size: int,
+    index: int,
+    piece: TextResult,
+    parameters: dict[str, Any] | None = None,
+    extra_outputs: dict[str, list[str]] | None = None,
+) -> InferResponse:
+    """A streamed response of a batch of `size`: the new piece of prompt `index`, empty elsewhere
+    (an unfinished prompt has finish_reason "")."""
+    results = [piece if i == index else TextResult("", "", 0) for i in range(size)]
+    return build_response(model_name, request_id, results, parameters, extra_outputs)
 
 
 def response_revision(response: InferResponse) -> str | None:

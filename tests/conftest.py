@@ -92,7 +92,6 @@ class Transformer:
 def start_transformer(
     name: str,
     predictor_grpc: str,
-    predictor_http: str,
     redis_url: str,
     *extra: str,
     env: dict[str, str] | None = None,
@@ -103,8 +102,8 @@ def start_transformer(
             "transformer",
             "--http-port", str(http_port),
             "--grpc-port", str(grpc_port),
+            # Only the predictor's gRPC port, as in Knative mode: every miss goes over it.
             "--predictor-host", predictor_grpc,
-            "--predictor-url", predictor_http,
             "--predictor-connect-timeout-s", "1",
             "--cache-redis-url", redis_url,
             # Each transformer of the suite gets its own index, so tests never see each other.
@@ -133,7 +132,7 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def transformer(predictor: Predictor, redis_url: str) -> Iterator[Transformer]:
-    t = start_transformer("main", predictor.grpc, predictor.http, redis_url, "--log-level", "debug")
+    t = start_transformer("main", predictor.grpc, redis_url, "--log-level", "debug")
     try:
         yield t
     finally:

@@ -42,7 +42,7 @@ def test_rotation_and_no_propagation(tmp_path: Path, caplog: pytest.LogCaptureFi
 @pytest.fixture(scope="module")
 def audited(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("audit")
-    t = start_transformer("audit", predictor.grpc, predictor.http, redis_url,
+    t = start_transformer("audit", predictor.grpc, redis_url,
                           "--audit-log", str(d / "audit.jsonl"), "--log-level", "debug")
     yield t, d / "audit.jsonl", LOG_DIR / "transformer-audit.log"
     t.process.stop()
@@ -125,7 +125,7 @@ def test_service_debug_log_has_no_prompt_text(audited) -> None:
 @pytest.fixture(scope="module")
 def audited_full(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("audit-full")
-    t = start_transformer("audit-full", predictor.grpc, predictor.http, redis_url,
+    t = start_transformer("audit-full", predictor.grpc, redis_url,
                           "--audit-log", str(d / "audit.jsonl"), "--audit-full")
     yield t, d / "audit.jsonl"
     t.process.stop()

@@ -63,7 +63,7 @@ def test_redis_killed_under_load_then_restarted_and_restarted_empty(
     tmp_path = log_dir / f"redis-kill-{uuid.uuid4().hex[:8]}"
     port = free_port()
     server = RedisServer(port, data_dir=tmp_path / "aof", appendonly=True).start()
-    t = start_transformer("redis-kill", predictor.grpc, predictor.http, server.url)
+    t = start_transformer("redis-kill", predictor.grpc, server.url)
     kept = f"Name a bird ({uuid.uuid4().hex[:6]})."
     probes: dict[str, list[str]] = {}
     try:
@@ -155,7 +155,7 @@ ALLOWED_WHILE_DOWN = {"http_503", "grpc_UNAVAILABLE", "stream_error"}
 def test_predictor_engine_killed_then_predictor_killed_and_restarted(
     predictor: Predictor, redis_url: str
 ) -> None:
-    t = start_transformer("predictor-kill", predictor.grpc, predictor.http, redis_url,
+    t = start_transformer("predictor-kill", predictor.grpc, redis_url,
                           "--predictor-timeout-s", "20")
     stored = f"Name a tree ({uuid.uuid4().hex[:6]})."
     probes: dict[str, Any] = {}

@@ -87,7 +87,7 @@ def slow_redis(
     port = free_port()
     redis = RedisServer(port, data_dir=tmp_path_factory.mktemp("redis-slow")).start()
     proxy = FaultProxy(port).start()
-    t = start_transformer("redis-slow", predictor.grpc, predictor.http, f"redis://127.0.0.1:{proxy.port}/0")
+    t = start_transformer("redis-slow", predictor.grpc, f"redis://127.0.0.1:{proxy.port}/0")
     try:
         yield t, proxy
     finally:
@@ -160,7 +160,7 @@ def test_redis_2s_per_chunk_costs_only_the_budget(slow_redis: tuple[Transformer,
 
 def test_redis_unreachable_from_the_start(predictor: Predictor) -> None:
     closed = free_port()
-    t = start_transformer("redis-never", predictor.grpc, predictor.http, f"redis://127.0.0.1:{closed}/0")
+    t = start_transformer("redis-never", predictor.grpc, f"redis://127.0.0.1:{closed}/0")
     try:
         q = f"Name a tree ({uuid.uuid4().hex[:6]})."
         for p in (q, q, f"{q} again"):
@@ -176,7 +176,7 @@ def test_redis_unreachable_from_the_start(predictor: Predictor) -> None:
 def test_predictor_slow_or_hanging_503_within_timeout(predictor: Predictor, redis_url: str) -> None:
     grpc_port = int(predictor.grpc.rsplit(":", 1)[1])
     proxy = FaultProxy(grpc_port).start()
-    t = start_transformer("predictor-slow", f"127.0.0.1:{proxy.port}", predictor.http, redis_url,
+    t = start_transformer("predictor-slow", f"127.0.0.1:{proxy.port}", redis_url,
                           "--predictor-timeout-s", "3")
     url = f"{t.http}/v2/models/llm/infer"
     tag = uuid.uuid4().hex[:6]
@@ -217,7 +217,7 @@ def test_predictor_slow_or_hanging_503_within_timeout(predictor: Predictor, redi
 
 
 def test_sigterm_under_load_drains(predictor: Predictor, redis_url: str) -> None:
-    t = start_transformer("sigterm-load", predictor.grpc, predictor.http, redis_url, "--grace-period-s", "60")
+    t = start_transformer("sigterm-load", predictor.grpc, redis_url, "--grace-period-s", "60")
     tag = uuid.uuid4().hex[:6]
     prompts = [f"Tell a long story about robot number {i} ({tag})." for i in range(8)]
     results: dict[int, httpx.Response | BaseException] = {}

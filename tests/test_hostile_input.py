@@ -378,7 +378,7 @@ def _no_5xx(r: httpx.Response, what: str, sent: bytes) -> None:
 
 @pytest.fixture(scope="module")
 def hostile_transformer(predictor: Predictor, redis_url: str) -> Iterator[Transformer]:
-    t = start_transformer("hostile", predictor.grpc, predictor.http, redis_url,
+    t = start_transformer("hostile", predictor.grpc, redis_url,
                           "--max-body-bytes", str(256 * 1024))
     try:
         yield t

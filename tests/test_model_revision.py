@@ -62,9 +62,8 @@ def skipped(t: Transformer) -> float:
 
 @pytest.fixture(scope="module")
 def same_revision(predictor: Predictor, redis_url: str) -> Iterator[Transformer]:
-    # Over v2 REST (to the predictor's HTTP port): the revision is read from the JSON parameters.
-    t = start_transformer("rev-same", predictor.http, predictor.http, redis_url,
-                          "--model-revision", PREDICTOR_REVISION, "--predictor-protocol", "v2")
+    t = start_transformer("rev-same", predictor.grpc, redis_url,
+                          "--model-revision", PREDICTOR_REVISION)
     try:
         yield t
     finally:
@@ -73,8 +72,7 @@ def same_revision(predictor: Predictor, redis_url: str) -> Iterator[Transformer]
 
 @pytest.fixture(scope="module")
 def other_revision(predictor: Predictor, redis_url: str) -> Iterator[Transformer]:
-    # Over gRPC (the default): the revision is read from the InferParameter string_param.
-    t = start_transformer("rev-other", predictor.grpc, predictor.http, redis_url,
+    t = start_transformer("rev-other", predictor.grpc, redis_url,
                           "--model-revision", "rev-b", "--log-level", "debug")
     try:
         yield t

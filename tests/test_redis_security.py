@@ -125,7 +125,7 @@ def protected_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
 
 def test_transformer_cache_behind_redis_auth(predictor: Predictor, protected_redis: tuple[str, str]) -> None:
     url, password = protected_redis
-    t = start_transformer("redis-auth", predictor.grpc, predictor.http, url,
+    t = start_transformer("redis-auth", predictor.grpc, url,
                           env={"SEMSERVE_CACHE_REDIS_PASSWORD": password})
     try:
         q = f"Name a colour ({uuid.uuid4().hex[:6]})."
@@ -143,7 +143,7 @@ def test_wrong_redis_password_fails_open_with_one_clear_line(
     url, _ = protected_redis
     log_path = LOG_DIR / "transformer-redis-badauth.log"
     start = log_path.stat().st_size if log_path.exists() else 0
-    t = start_transformer("redis-badauth", predictor.grpc, predictor.http, url,
+    t = start_transformer("redis-badauth", predictor.grpc, url,
                           env={"SEMSERVE_CACHE_REDIS_PASSWORD": "not-the-password"})
     try:
         infer = f"{t.http}/v2/models/llm/infer"

@@ -92,7 +92,7 @@ def test_read_generations_files_v2_prompts_under_the_request(tmp_path: Path) -> 
 def test_soak_60s(predictor: Predictor, redis_url: str, tmp_path: Path) -> None:
     keys = {f"tenant{i}": f"soak-test-key-{i}" for i in range(3)}
     (tmp_path / "keys.json").write_text(json.dumps({t: [hash_key(k)] for t, k in keys.items()}))
-    t = start_transformer("soak", predictor.grpc, predictor.http, redis_url,
+    t = start_transformer("soak", predictor.grpc, redis_url,
                           "--api-keys-file", str(tmp_path / "keys.json"))
     try:
         assert t.process.proc is not None and predictor.process.proc is not None

@@ -46,7 +46,7 @@ def secured(predictor: Predictor, redis_url: str,
     d = tmp_path_factory.mktemp("tenant-keys")
     (d / "keys.json").write_text(json.dumps({A: [hash_key(A_KEY)], B: [hash_key(B_KEY)]}))
     (d / "admin.json").write_text(json.dumps([hash_key(ADMIN_KEY)]))
-    t = start_transformer("tenant-sec", predictor.grpc, predictor.http, redis_url,
+    t = start_transformer("tenant-sec", predictor.grpc, redis_url,
                           "--api-keys-file", str(d / "keys.json"),
                           "--admin-keys-file", str(d / "admin.json"))
     yield t

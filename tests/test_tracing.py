@@ -51,7 +51,7 @@ def traced(
 ) -> Iterator[Transformer]:
     d = tmp_path_factory.mktemp("trace-keys")
     (d / "keys.json").write_text(json.dumps({"tracer": [hash_key(KEY)]}))
-    t = start_transformer(NAME, predictor.grpc, predictor.http, redis_url,
+    t = start_transformer(NAME, predictor.grpc, redis_url,
                           "--api-keys-file", str(d / "keys.json"), "--trace-exporter", "memory",
                           "--log-level", "debug")
     yield t

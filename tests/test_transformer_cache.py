@@ -244,7 +244,7 @@ def test_metrics_say_what_the_cache_did(transformer: Transformer) -> None:
 
 
 def test_ttl_expiry_and_eviction_cap(predictor: Predictor, redis_url: str) -> None:
-    t = start_transformer("short", predictor.grpc, predictor.http, redis_url,
+    t = start_transformer("short", predictor.grpc, redis_url,
                           "--cache-ttl-seconds", "2", "--cache-max-entries-per-tenant", "2")
     try:
         a = unique("Name a tree.")

@@ -35,7 +35,7 @@ def test_redis_killed_then_restarted(predictor: Predictor, tmp_path: Path) -> No
 
     port = free_port()
     redis = RedisServer(port, data_dir=tmp_path / "r1").start()
-    t = start_transformer("redis-fault", predictor.grpc, predictor.http, redis.url)
+    t = start_transformer("redis-fault", predictor.grpc, redis.url)
     url = f"{t.http}/v2/models/llm/infer"
     try:
         q = f"Name a metal ({uuid.uuid4().hex[:6]})."
@@ -138,7 +138,7 @@ def secured(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempP
     keys = {"acme": [hash_key("key-acme")], "globex": [hash_key("key-glx")]}
     (d / "keys.json").write_text(json.dumps(keys))
     (d / "admin.json").write_text(json.dumps([hash_key("key-admin")]))
-    t = start_transformer("auth", predictor.grpc, predictor.http, redis_url,
+    t = start_transformer("auth", predictor.grpc, redis_url,
                           "--api-keys-file", str(d / "keys.json"), "--admin-keys-file", str(d / "admin.json"))
     yield t
     t.process.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kserve import InferInput, InferRequest
 
@@ -51,3 +53,53 @@ def test_response_round_trip() -> None:
     results = [v2.TextResult("hi", "stop", 1), v2.TextResult("yo", "length", 4)]
     resp = v2.build_response("llm", "id1", results)
     assert v2.read_response(resp) == results
+
+
+def _chat(**fields: object) -> str:
+    return json.dumps({"messages": [{"role": "user", "content": "Hi"}], **fields})
+
+
+def test_chat_input_parses_into_chat_prompts() -> None:
+    r = v2.parse_request(
+        req([InferInput("chat", [1], "BYTES", [_chat(chat_template_kwargs={"enable_thinking": False})])],
+            temperature=0),
+        8,
+    )
+    assert r.prompts == [] and r.size == 1
+    assert r.chats[0].last_text == "Hi" and r.chats[0].chat_template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize(
+    ("inputs", "field"),
+    [
+        ([InferInput("chat", [1], "BYTES", ["not json"])], "chat"),
+        ([InferInput("chat", [1], "BYTES", [json.dumps({"messages": []})])], "chat"),
+        ([InferInput("chat", [1], "BYTES", [_chat(unknown_field=1)])], "chat"),
+        ([InferInput("chat", [1], "BYTES", [_chat(tools=[{"type": "function"}])])], "tools"),
+        ([InferInput("chat", [1], "BYTES", [_chat(chat_template_kwargs={"tokenize": True})])],
+         "chat_template_kwargs"),
+        ([InferInput("chat", [1], "BYTES", [_chat()]), InferInput("text_input", [1], "BYTES", ["x"])],
+         "chat"),
+        ([InferInput("text_input", [1], "BYTES", ["x"]), InferInput("stream", [1], "BYTES", ["yes"])],
+         "stream"),
+    ],
+)
+def test_chat_and_stream_errors_name_the_field(inputs: list[InferInput], field: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        v2.parse_request(req(inputs), 8)
+    assert err.value.field == field
+
+
+def test_stream_comes_from_the_input_or_the_parameter() -> None:
+    text = InferInput("text_input", [1], "BYTES", ["x"])
+    assert not v2.parse_request(req([text]), 8).stream
+    assert v2.parse_request(req([text, InferInput("stream", [1], "BOOL", [True])]), 8).stream
+    parsed = v2.parse_request(req([text], stream=True), 8)
+    assert parsed.stream and "stream" not in parsed.extra
+
+
+def test_piece_response_fills_only_its_prompt() -> None:
+    resp = v2.piece_response("llm", "r", 3, 1, v2.TextResult("lo", "", 2), {"prompt_tokens": 9})
+    assert v2.read_response(resp) == [
+        v2.TextResult("", "", 0), v2.TextResult("lo", "", 2), v2.TextResult("", "", 0)
+    ]

@@ -29,6 +29,7 @@ from kserve import InferRequest, InferResponse
 from kserve.errors import InvalidInput, ModelNotFound, ServerNotReady
 
 from semserve import openai_protocol as oa
+from semserve import v2
 from semserve.errors import ServingError
 from semserve.logs import request_id_var
 from semserve.openai_routes import RequestContext
@@ -171,6 +172,46 @@ class AuditedTransformer(SemanticCacheTransformer):
             answers=_column(response, "text_output"),
         )
         return response
+
+    async def infer_stream(
+        self, payload: InferRequest, headers: dict[str, str]
+    ) -> AsyncIterator[v2.StreamPart]:
+        # Whole answers (no `stream` input) go through predict and are recorded there; a stream is
+        # recorded once it ends, with the status it ended with.
+        streamed = _wants_stream(payload)
+        started = time.monotonic()
+        protocol = "v2-grpc" if payload.from_grpc else "v2-rest"
+        prompts = _v2_prompts(payload)
+        statuses: list[str] = []
+        texts: dict[int, list[str]] = {}
+        status, error = 200, None
+        try:
+            async for part in super().infer_stream(payload, headers):
+                if streamed:
+                    cache = _column(part.response, CACHE_STATUS)
+                    for i, text in enumerate(_column(part.response, "text_output")):
+                        texts.setdefault(i, []).append(text)
+                    statuses = [c or (statuses[i] if i < len(statuses) else "") for i, c in enumerate(cache)]
+                yield part
+        except BaseException as exc:
+            status, error = _v2_status(exc), f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, GeneratorExit):
+                status = 499
+            raise
+        finally:
+            if streamed:
+                self.audit.record(
+                    route=f"/v2/models/{self.name}/stream", protocol=protocol, status=status,
+                    cache=statuses, started=started, prompts=prompts, request_id=payload.id or None,
+                    answers=["".join(texts[i]) for i in sorted(texts)], error=error,
+                )
+
+
+def _wants_stream(payload: InferRequest) -> bool:
+    try:
+        return v2.parse_request(payload, max_batch=2**31).stream
+    except Exception:  # a request that does not parse fails in predict's path and is recorded there
+        return False
 
 
 class AuditedOpenAI:

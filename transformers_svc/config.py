@@ -21,14 +21,14 @@ class TransformerSettings(Settings):
     grpc_port: int = setting(8081, "gRPC port: v2 GRPCInferenceService (0 disables gRPC).")
     predictor_host: str = setting(
         "127.0.0.1:8091",
-        "Predictor address for v2 misses: host:port of its gRPC port (grpc-v2) or its HTTP port (v2).",
+        "Predictor gRPC address (host:port): every miss, v2 or OpenAI, streamed or not, goes there "
+        "(ModelInfer / ModelStreamInfer), the one port Knative routes to the predictor.",
     )
     predictor_protocol: str = setting(
-        "grpc-v2", "How v2 misses reach the predictor.", choices=("grpc-v2", "v2")
-    )
-    predictor_url: str = setting(
-        "http://127.0.0.1:8090",
-        "Predictor HTTP base URL for OpenAI misses (streaming needs HTTP: v2 gRPC has no streams).",
+        "grpc-v2",
+        "Accepted for the flag KServe passes to transformers; the only protocol to the predictor is "
+        "grpc-v2 (v2 over gRPC, streaming included).",
+        choices=("grpc-v2",),
     )
     predictor_timeout_s: float = setting(120.0, "Longest a miss may wait for the predictor.")
     predictor_connect_timeout_s: float = setting(

@@ -15,7 +15,7 @@ any answer when the transformer has no revision of its own.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ from semserve.logs import get_logger
 from semserve.sampling import SamplingOptions
 from transformers_svc import metrics
 from transformers_svc.config import TransformerSettings
+from transformers_svc.shared_streams import SharedStreams
+from transformers_svc.upstream import Piece
 
 log = get_logger("semserve.transformer.cache")
 
@@ -66,11 +68,24 @@ def with_revision(answer: Answer, revision: str | None) -> Answer:
     return answer
 
 
+def answer_of(pieces: list[Piece]) -> Answer:
+    """The answer a generation made: its pieces joined, the last one's counts and finish reason
+    ("" when it never finished, which `is_complete` rejects)."""
+    last = pieces[-1] if pieces else None
+    return with_revision({
+        "text": "".join(p.text for p in pieces),
+        "finish_reason": (last.finish_reason if last else None) or "",
+        "completion_tokens": last.completion_tokens if last else 0,
+        "prompt_tokens": max((p.prompt_tokens for p in pieces), default=0),
+    }, next((p.model_revision for p in pieces if p.model_revision), None))
+
+
 class CacheFront:
     def __init__(self, settings: TransformerSettings, cache: SemanticCache | None) -> None:
         self.settings = settings
         self.cache = cache
         self.model = settings.model_name
+        self.streams: SharedStreams[Piece] = SharedStreams()
 
     def mode(self, options: SamplingOptions, headers: dict[str, str]) -> CacheMode:
         if self.cache is None or self.settings.cache_policy == "off":
@@ -141,6 +156,31 @@ class CacheFront:
         )
         status = "miss" if res is not None else "bypass"
         return Outcome(answer, status, res.similarity if res is not None else None)
+
+    def stream_miss(
+        self,
+        req: CacheRequest,
+        mode: CacheMode,
+        res: LookupResult | None,
+        start: Callable[[], AsyncIterator[Piece]],
+    ) -> AsyncIterator[Piece]:
+        """The predictor's stream for a miss, shared by identical concurrent streaming misses
+        (transformers_svc/shared_streams.py); a clean end is stored once, by the generation."""
+        key = self.cache.flight_key(req) if self.cache is not None and mode.used else None
+        if key is None:
+            return start()
+        vector = res.vector if res is not None else None
+
+        async def on_complete(pieces: list[Piece]) -> None:
+            await self.store(req, mode, answer_of(pieces), vector)
+
+        stream, started = self.streams.listen(key, start, on_complete)
+        if self.cache is not None:
+            if started:
+                self.cache.counters.singleflight_leaders += 1
+            else:
+                self.cache.counters.singleflight_joined += 1
+        return stream
 
     async def store(self, req: CacheRequest, mode: CacheMode, answer: Answer, vector: Any = None) -> None:
         if self.cache is not None and mode.store and self.storable(answer):

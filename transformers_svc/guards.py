@@ -5,6 +5,7 @@ tenant in `tenant_var` for the handlers; probes and /metrics stay open so Kubern
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -13,7 +14,7 @@ from grpc import aio
 from semserve import tracing
 from semserve.errors import ServingError
 from semserve.openai_protocol import error_body
-from semserve.serving import EXEMPT_PATHS, UnaryCall, UnaryInterceptor
+from semserve.serving import EXEMPT_PATHS, CallInterceptor, StreamCall, UnaryCall
 from transformers_svc.auth import Authenticator, tenant_var
 
 
@@ -68,7 +69,7 @@ async def _reject(send: Any, exc: ServingError, openai: bool) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-class GrpcAuth(UnaryInterceptor):
+class GrpcAuth(CallInterceptor):
     def __init__(self, auth: Authenticator) -> None:
         self.auth = auth
 
@@ -89,3 +90,18 @@ class GrpcAuth(UnaryInterceptor):
                 tenant_var.reset(token)
 
         return call
+
+    def wrap_stream(self, method: str, metadata_items: tuple[Any, ...], inner: StreamCall) -> StreamCall:
+        metadata = {k.lower(): v for k, v in metadata_items if isinstance(v, str)}
+
+        async def stream(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
+            # Once per stream, before any request on it is read: the key is the stream's.
+            try:
+                tenant = _authenticate(self.auth, metadata)
+            except ServingError as exc:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
+            tenant_var.set(tenant)  # the call's own task: its requests' tasks inherit it
+            async for response in inner(requests, context):
+                yield response
+
+        return stream

@@ -1,5 +1,6 @@
 """The transformer as KServe sees it: a kserve.Model whose predict answers v2 requests from the cache
-or forwards the misses to the predictor.
+or forwards the misses to the predictor, and whose infer_stream does the same for ModelStreamInfer
+and the generate routes (hits replayed as pieces, misses streamed through).
 
 KServe runs preprocess -> predict -> postprocess and preprocess cannot end the chain, so the cache
 hit is decided in predict (see ../shared/reference/kserve.md).
@@ -9,22 +10,60 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import kserve
 from kserve import InferRequest, InferResponse
 from kserve.errors import InvalidInput, ModelNotFound
 
+from cache.keys import CacheRequest
 from semserve import tracing, v2
 from semserve.errors import BadRequest, NotFound, Unavailable
-from semserve.serving import Unavailable503
+from semserve.serving import InvalidInput400, Unavailable503
+from semserve.streams import merge_streams
 from transformers_svc import metrics
 from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import CacheFront, Outcome, Timer, with_revision
-from transformers_svc.upstream import PredictorClient
+from transformers_svc.front import Answer, CacheFront, CacheMode, Outcome, Timer, answer_of, with_revision
+from transformers_svc.upstream import Piece, PredictorClient, Prompt
 
 CACHE_STATUS = "cache_status"
+# Replayed hits arrive as word-sized pieces, like a generation would.
+_PIECES = re.compile(r"\S+\s*|\s+")
+
+
+def replay(answer: Answer) -> list[Piece]:
+    """A cached answer as the pieces of a generation; the last carries the finish reason and counts."""
+    texts = _PIECES.findall(answer["text"]) or [""]
+    last = len(texts) - 1
+    revision = answer.get("model_revision")
+    return [
+        Piece(
+            text=t,
+            finish_reason=answer["finish_reason"] if i == last else None,
+            completion_tokens=int(answer["completion_tokens"]) if i == last else 0,
+            prompt_tokens=int(answer.get("prompt_tokens", 0)),
+            model_revision=revision,
+        )
+        for i, t in enumerate(texts)
+    ]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One v2 request as the transformer handles it."""
+
+    request: v2.TextRequest
+    tenant: str
+    request_id: str
+    protocol: str
+    mode: CacheMode
+
+    def prompt(self, i: int) -> Prompt:
+        return self.request.chats[i] if self.request.chats else self.request.prompts[i]
 
 
 class SemanticCacheTransformer(kserve.Model):
@@ -41,6 +80,29 @@ class SemanticCacheTransformer(kserve.Model):
     async def get_output_types(self) -> list[dict[str, Any]]:
         return [*v2.OUTPUTS_METADATA, {"name": CACHE_STATUS, "datatype": "BYTES", "shape": [-1]}]
 
+    def _call(self, payload: InferRequest, headers: dict[str, str] | None) -> _Call:
+        lowered = {k.lower(): v for k, v in (headers or {}).items()}
+        protocol = "v2-grpc" if payload.from_grpc else "v2-rest"
+        tenant = tenant_var.get() or self.settings.tenant
+        tracing.annotate(
+            semserve__protocol=protocol, semserve__tenant=tenant, gen_ai__request__model=self.name
+        )
+        request = v2.parse_request(payload, self.settings.max_batch_size)
+        mode = self.front.mode(request.sampling, lowered)
+        if request.chats and any(chat.messages[-1].role != "user" for chat in request.chats):
+            mode = CacheMode(False, False)  # e.g. a tool result: nothing to match
+        request_id = payload.id or lowered.get("x-request-id") or ""
+        return _Call(request, tenant, request_id, protocol, mode)
+
+    def _key(self, call: _Call, i: int) -> CacheRequest:
+        sampling = call.request.sampling
+        if call.request.chats:
+            chat = call.request.chats[i]
+            # Only the last user message is matched semantically; everything before it, and
+            # whatever else shapes the answer, is part of the key.
+            return self.front.key(call.tenant, "chat", chat.last_text, sampling, chat.context())
+        return self.front.key(call.tenant, "completion", call.request.prompts[i], sampling)
+
     async def predict(
         self,
         payload: InferRequest | dict[str, Any],
@@ -50,21 +112,11 @@ class SemanticCacheTransformer(kserve.Model):
         if not isinstance(payload, InferRequest):
             raise InvalidInput("this model speaks the v2 protocol: POST /v2/models/{name}/infer")
         timer = Timer()
-        headers = {k.lower(): v for k, v in (headers or {}).items()}
-        protocol = "v2-grpc" if payload.from_grpc else "v2-rest"
-        tenant = tenant_var.get() or self.settings.tenant
-        request_id = payload.id or headers.get("x-request-id") or ""
-        tracing.annotate(
-            semserve__protocol=protocol, semserve__tenant=tenant, gen_ai__request__model=self.name
-        )
         try:
-            request = v2.parse_request(payload, self.settings.max_batch_size)
-            mode = self.front.mode(request.sampling, headers)
-            outcomes = await asyncio.gather(
-                *(self._one(tenant, p, request.sampling, mode, request_id) for p in request.prompts)
-            )
+            call = self._call(payload, headers)
+            outcomes = await asyncio.gather(*(self._one(call, i) for i in range(call.request.size)))
         except BadRequest as exc:
-            raise InvalidInput(exc.message) from None
+            raise InvalidInput400(exc.message, exc.field) from None
         except NotFound as exc:
             raise ModelNotFound(self.name) from exc
         except Unavailable as exc:
@@ -72,35 +124,99 @@ class SemanticCacheTransformer(kserve.Model):
         statuses = [o.status for o in outcomes]
         tracing.annotate(semserve__cache__status=",".join(statuses))
         for status in set(statuses):
-            metrics.REQUEST_SECONDS.labels(self.name, protocol, status).observe(timer.seconds())
-        sims = [o.similarity for o in outcomes]
-        similarity: Any = sims[0] if len(sims) == 1 else json.dumps(sims)
-        params: dict[str, Any] = {}
-        if similarity is not None:
-            value = float(similarity) if len(sims) == 1 else similarity
-            # KServe's v2 proto has no double parameter: over gRPC the number travels as a string.
-            params["cache_similarity"] = str(value) if payload.from_grpc else value
+            metrics.REQUEST_SECONDS.labels(self.name, call.protocol, status).observe(timer.seconds())
         return v2.build_response(
             self.name,
-            request_id,
-            [
-                v2.TextResult(o.answer["text"], o.answer["finish_reason"], int(o.answer["completion_tokens"]))
-                for o in outcomes
-            ],
-            parameters=params or None,
+            call.request_id,
+            [_result(o.answer) for o in outcomes],
+            parameters=self._parameters(call, outcomes),
             extra_outputs={CACHE_STATUS: statuses},
         )
 
-    async def _one(self, tenant: str, prompt: str, sampling: Any, mode: Any, request_id: str) -> Outcome:
-        req = self.front.key(tenant, "completion", prompt, sampling)
+    def _parameters(self, call: _Call, outcomes: list[Outcome]) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            v2.PROMPT_TOKENS: sum(int(o.answer.get("prompt_tokens", 0)) for o in outcomes)
+        }
+        sims = [o.similarity for o in outcomes]
+        if len(sims) > 1 or sims[0] is not None:
+            value: Any = sims[0] if len(sims) == 1 else json.dumps(sims)
+            # Over gRPC the number travels as a string, as it always has (KServe's proto had no
+            # double), so that clients of either server read it the same way.
+            params["cache_similarity"] = str(value) if call.protocol == "v2-grpc" else value
+        return params
 
-        async def produce() -> dict[str, Any]:
-            [result], revision = await self.predictor.generate_v2([prompt], sampling, request_id)
-            return with_revision({
-                "text": result.text,
-                "finish_reason": result.finish_reason,
-                "completion_tokens": result.completion_tokens,
-                "prompt_tokens": result.prompt_tokens,
-            }, revision)
+    async def _one(self, call: _Call, i: int) -> Outcome:
+        async def produce() -> Answer:
+            piece = await self.predictor.generate(call.prompt(i), call.request.sampling, call.request_id)
+            return answer_of([piece])
 
-        return await self.front.answer(req, mode, produce)
+        return await self.front.answer(self._key(call, i), call.mode, produce)
+
+    async def infer_stream(
+        self, payload: InferRequest, headers: dict[str, str]
+    ) -> AsyncIterator[v2.StreamPart]:
+        """ModelStreamInfer and generate_stream. With the `stream` input, each prompt of the batch
+        is looked up, then its pieces flow as they come (hits replayed, misses streamed through
+        and shared by identical concurrent misses); each response says its prompt's cache_status."""
+        try:
+            call = self._call(payload, headers)
+        except BadRequest as exc:
+            raise InvalidInput400(exc.message, exc.field) from None
+        if not call.request.stream:
+            yield v2.StreamPart(await self.predict(payload, headers), final=True)
+            return
+        timer = Timer()
+        size = call.request.size
+        statuses = [""] * size
+        unfinished = size
+        streams = [self._pieces(call, i, statuses) for i in range(size)]
+        async for index, (piece, similarity) in merge_streams(streams):
+            if piece.finish_reason:
+                unfinished -= 1
+                metrics.REQUEST_SECONDS.labels(self.name, call.protocol, statuses[index]).observe(
+                    timer.seconds()
+                )
+            params: dict[str, Any] = {v2.PROMPT_TOKENS: piece.prompt_tokens}
+            if similarity is not None:
+                params["cache_similarity"] = str(similarity) if call.protocol == "v2-grpc" else similarity
+            response = v2.piece_response(
+                self.name, call.request_id, size, index,
+                v2.TextResult(piece.text, piece.finish_reason or "", piece.completion_tokens),
+                params,
+                {CACHE_STATUS: [s if i == index else "" for i, s in enumerate(statuses)]},
+            )
+            yield v2.StreamPart(response, final=unfinished == 0)
+
+    async def _pieces(
+        self, call: _Call, i: int, statuses: list[str]
+    ) -> AsyncIterator[tuple[Piece, float | None]]:
+        key = self._key(call, i)
+        res = await self.front.lookup(key, call.mode)
+        if res is not None and res.hit and res.answer is not None:
+            statuses[i] = res.status
+            for piece in replay(res.answer):
+                yield piece, res.similarity
+            return
+        statuses[i] = "miss" if res is not None else "bypass"
+        if res is None:
+            metrics.LOOKUPS.labels(self.name, "bypass").inc()
+        similarity = res.similarity if res is not None else None
+        pieces = self.front.stream_miss(
+            key, call.mode, res,
+            lambda: self.predictor.stream(call.prompt(i), call.request.sampling, call.request_id),
+        )
+        try:
+            async for piece in pieces:
+                yield piece, similarity
+        finally:
+            await pieces.aclose()  # type: ignore[attr-defined]
+
+
+def _result(answer: Answer) -> v2.TextResult:
+    return v2.TextResult(
+        answer["text"], answer["finish_reason"], int(answer["completion_tokens"]),
+        int(answer.get("prompt_tokens", 0)),
+    )
+
+
+__all__ = ["CACHE_STATUS", "SemanticCacheTransformer", "replay", "with_revision"]

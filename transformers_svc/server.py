@@ -13,6 +13,7 @@ from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 from cache.verify import RuleVerifier, VerifierSettings
 from semserve import logs, tracing
+from semserve.generate_routes import register_generate_routes
 from semserve.openai_routes import register_openai_routes
 from semserve.serving import SemserveModelServer
 from transformers_svc import audit, metrics
@@ -81,6 +82,7 @@ def run(
 
     def setup(app: FastAPI) -> None:
         register_openai_routes(app, openai)
+        register_generate_routes(app, model)
         register_admin_routes(app, cache, auth)
 
     def wrap(app: Any) -> Any:
