@@ -65,6 +65,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     soak.add_argument("--output", default=None, help="append the summary to this file")
     soak.set_defaults(func=_soak)
 
+    from bench import coldstart
+
+    cold = bench_sub.add_parser(
+        "coldstart",
+        help="process start -> ready -> first answer, cold and warm caches: transformer, predictor, "
+        "a bare KServe server and vLLM's own server",
+    )
+    coldstart.add_arguments(cold)
+    cold.set_defaults(func=_coldstart)
+
     from bench import determinism
 
     det = bench_sub.add_parser(
@@ -89,6 +99,12 @@ def _cache(args: argparse.Namespace) -> int:
 
 def _soak(args: argparse.Namespace) -> int:
     from bench.soak import main
+
+    return main(args)
+
+
+def _coldstart(args: argparse.Namespace) -> int:
+    from bench.coldstart import main
 
     return main(args)
 
