@@ -14,12 +14,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("predictor", help="run the vLLM predictor (KServe v2 + OpenAI)")
     PredictorSettings.add_arguments(parser)
     TracingSettings.add_arguments(parser, flag_prefix=TRACE_PREFIX)
+    # Not a setting of the server: a one-off mode (a warm-up Job, `make model`), so no env var.
+    parser.add_argument(
+        "--warm-up", action="store_true",
+        help="start the engine once (filling the compile cache under $SEMSERVE_CACHE_DIR), then exit",
+    )
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     settings = PredictorSettings.from_namespace(args)
     trace_settings = TracingSettings.from_namespace(args, flag_prefix=TRACE_PREFIX)
+    if args.warm_up:
+        from predictors.warmup import run as warm_up
+
+        return warm_up(settings)
     # Imported late: vLLM and torch take seconds to import and `--help` should not wait for them.
     from predictors.server import run
 

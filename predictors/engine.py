@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predictors import metrics
+from predictors import metrics, warm_start
 from predictors.config import PredictorSettings
 from semserve import tracing
 from semserve.errors import BadRequest, Unavailable
@@ -85,9 +85,15 @@ class Engine:
         # (liveness passes, readiness says not yet).
         started = time.monotonic()
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+        # Before vLLM is imported: its settings and the engine process read these variables.
+        caches = warm_start.use_cache_dirs()
+        log.info("engine_compile_cache", warm=caches.warm, files=caches.files_before, **caches.log_fields())
+        phases: dict[str, float] = {}
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        phases["import_s"] = time.monotonic() - started
 
         gpu = _on_gpu()
         util = self.settings.gpu_memory_utilization or (0.90 if gpu else 0.25)
@@ -103,11 +109,22 @@ class Engine:
             disable_log_stats=not self.settings.log_stats,
         )
         log.info("engine_starting", model=str(self.model_dir), gpu=gpu, memory_utilization=util)
+        t = time.monotonic()
         self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model_dir))
+        phases["tokenizer_s"] = time.monotonic() - t
+        t = time.monotonic()
+        # Weights, compilation (or its cache), KV cache and warm-up: vLLM's own log lines split it.
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        phases["engine_s"] = time.monotonic() - t
         self.max_model_len = self.llm.vllm_config.model_config.max_model_len
         self.started_at = time.time()
-        log.info("engine_ready", seconds=round(time.monotonic() - started, 1))
+        log.info(
+            "engine_ready",
+            seconds=round(time.monotonic() - started, 1),
+            compile_cache_warm=caches.warm,
+            compile_cache_files_written=caches.files_now() - caches.files_before,
+            **{k: round(v, 2) for k, v in phases.items()},
+        )
 
     def shutdown(self) -> None:
         if self.llm is not None:

@@ -1,0 +1,65 @@
+"""Where vLLM keeps what an engine start builds, so that the next start finds it.
+
+An engine start compiles the model (torch.compile / Inductor, on GPU also Triton kernels and a
+CUDA-graph memory plan); on a 2-core CPU that is most of a cold start. vLLM and torch cache the
+results on disk, by default under $HOME and /tmp, which a new pod never sees. We point every cache
+at one directory: `$SEMSERVE_CACHE_DIR/` (`.cache/` locally; in a cluster a volume the manifests
+mount there, filled by a warm-up Job or the first pod). Variables already set win.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# Variable -> directory under the cache root.
+CACHE_VARS = {
+    "VLLM_CACHE_ROOT": "vllm",  # torch_compile_cache/, startup_plan/, modelinfos/
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",  # Inductor's FX graph and kernel caches
+    "TRITON_CACHE_DIR": "triton",  # compiled Triton kernels (GPU)
+}
+
+
+def cache_root() -> Path:
+    # The same root as semserve.model_prep's, without importing it.
+    return Path(os.environ.get("SEMSERVE_CACHE_DIR", Path.cwd() / ".cache")).resolve()
+
+
+@dataclass(frozen=True)
+class CacheDirs:
+    dirs: dict[str, Path]
+    files_before: int
+
+    @property
+    def warm(self) -> bool:
+        return self.files_before > 0
+
+    def files_now(self) -> int:
+        return _count_files(self.dirs.values())
+
+    def log_fields(self) -> dict[str, object]:
+        return {name.lower(): str(path) for name, path in self.dirs.items()}
+
+
+def _count_files(dirs: object) -> int:
+    total = 0
+    for d in dirs:  # type: ignore[attr-defined]
+        for _, _, files in os.walk(d):
+            total += len(files)
+    return total
+
+
+def use_cache_dirs() -> CacheDirs:
+    """Set the cache variables for this process and the engine processes it starts (they inherit
+    the environment); return the directories and how many files they already hold."""
+    root = cache_root()
+    dirs: dict[str, Path] = {}
+    for name, sub in CACHE_VARS.items():
+        path = Path(os.environ.setdefault(name, str(root / sub)))
+        path.mkdir(parents=True, exist_ok=True)
+        dirs[name] = path
+    # GPU only (vLLM's GPU worker): reuse the recorded memory profile instead of measuring again,
+    # when vLLM's fingerprint of model, config and hardware matches; ignored on CPU.
+    os.environ.setdefault("VLLM_ENABLE_STARTUP_PLAN", "1")
+    return CacheDirs(dirs, _count_files(dirs.values()))
