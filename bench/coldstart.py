@@ -219,7 +219,10 @@ def _redis() -> Iterator[str]:
 
 
 def _cache_env(root: Path) -> dict[str, str]:
-    return {name: str(root / name.lower()) for name in CACHE_VARS}
+    from predictors.warm_start import engine_env
+
+    # Both LLM servers get the same cache directories and the same cache-relevant vLLM settings.
+    return {**engine_env(), **{name: str(root / name.lower()) for name in CACHE_VARS}}
 
 
 class Bench:

