@@ -539,6 +539,8 @@ class Simulation:
         ]
         ttft = [r.first_token - r.arrival + self.transformer_overhead_s for r in served if r.first_token]
         misses = [r for r in reqs if not r.hit]
+        cold_ttft = [r.first_token - r.arrival + self.transformer_overhead_s
+                     for r in misses if r.cold and r.first_token]
         summary: dict[str, Any] = {
             "requests": len(reqs),
             "cache_hits": sum(1 for r in reqs if r.hit),
@@ -555,6 +557,10 @@ class Simulation:
             "cold_starts": self.cold_starts,
             "cold_start_requests": sum(1 for r in misses if r.cold),
             "cold_start_wait_max_s": max(self.cold_waits) if self.cold_waits else None,
+            # What a user who arrives after an idle spell waits for: the pod's start plus the first
+            # token (profile startup phases + TTFT), request arrival to first token.
+            "first_answer_after_idle_p50_s": percentile(cold_ttft, 50),
+            "first_answer_after_idle_max_s": max(cold_ttft) if cold_ttft else None,
             "peak_pods": self.peak_pods,
             "peak_ready_pods": self.peak_ready,
             "pods_created": len(self.pods),
@@ -635,6 +641,8 @@ _ROWS: list[tuple[str, str]] = [
     ("cold_starts", "cold starts (from zero ready pods)"),
     ("cold_start_requests", "requests that waited for a cold start"),
     ("cold_start_wait_max_s", "longest cold-start wait (s)"),
+    ("first_answer_after_idle_p50_s", "first answer after idle p50 (s)"),
+    ("first_answer_after_idle_max_s", "first answer after idle max (s)"),
     ("peak_pods", "peak pods"),
     ("pods_created", "pods created"),
     ("time_at_zero_s", "time at zero pods (s)"),
