@@ -4,6 +4,8 @@ the LRU and the micro-batcher (batched results equal one-by-one results)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -166,3 +168,25 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SEMSERVE_EMBED_BACKEND", "tensorflow")
     with pytest.raises(ValueError):
         EmbedderSettings.from_env()
+
+
+def test_prepared_export_is_reused_and_recognised_by_content(
+    default_embedder: Embedder, onnx_dir: Path, tmp_path: Path
+) -> None:
+    # What `semserve embedder prepare` leaves behind is what a later start loads, without exporting.
+    again = Embedder(EmbedderSettings(onnx_dir=onnx_dir))
+    assert again.onnx_reused is True
+    assert again.onnx_file is not None and again.onnx_file.name == "model.opt.onnx"
+    # A copy whose stamp records another mtime (an image layer, a restored volume): the same weights
+    # by their sha256, so still reused.
+    copy = tmp_path / "copy"
+    shutil.copytree(onnx_dir, copy)
+    [stamp] = copy.glob("*/source.json")
+    recorded = json.loads(stamp.read_text())
+    stamp.write_text(json.dumps({**recorded, "mtime_ns": recorded["mtime_ns"] + 1}))
+    moved = Embedder(EmbedderSettings(onnx_dir=copy))
+    assert moved.onnx_reused is True and moved.onnx_file is not None
+    assert moved.onnx_file.is_relative_to(copy)
+    # Other weights of the same size: not their export.
+    stamp.write_text(json.dumps({**recorded, "mtime_ns": 1, "sha256": "0" * 64}))
+    assert not moved._fresh(stamp.parent / "model.onnx")
