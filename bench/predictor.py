@@ -238,6 +238,8 @@ def main(args: argparse.Namespace) -> int:
     if args.profile:
         profile = {
             "name": f"measured-{model_dir.name}",
+            # The simulator calls a CPU pod's seconds pod-seconds, not GPU-seconds.
+            "accelerator": "gpu" if Path("/dev/nvidia0").exists() else "cpu",
             "concurrency": [r.concurrency for r in ours_r],
             "tokens_per_s": [round(r.tokens_per_s, 1) for r in ours_r],
             "ttft_s": [round(r.ttft_p50_s, 3) for r in ours_r],

@@ -42,6 +42,17 @@ class SimulateSettings(Settings):
     baselines: bool = setting(True, "Also run without cache / scale-to-zero to report what each saves.")
 
 
+def _describe_traffic(opts: SimulateSettings) -> str:
+    """The traffic as the generator sees it: sporadic ignores --rate and uses --mean-gap."""
+    if opts.traffic == "sporadic":
+        return f"sporadic, one request every {opts.mean_gap:g}s on average"
+    if opts.traffic == "burst":
+        return f"burst @ {opts.rate:g}/s, x{opts.burst_factor:g} for {opts.burst_length:g}s"
+    if opts.traffic == "diurnal":
+        return f"diurnal, peak {opts.rate:g}/s, period {opts.period:g}s"
+    return f"{opts.traffic} @ {opts.rate:g}/s"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate",
@@ -112,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     out = sys.stderr if args.json == "-" else sys.stdout  # keep stdout clean for JSON
-    traffic = f"trace {args.trace}" if args.trace else f"{opts.traffic} @ {opts.rate:g}/s"
+    traffic = f"trace {args.trace}" if args.trace else _describe_traffic(opts)
     print(f"{settings.name}/{settings.component} from {how}; profile {profile.name}; {traffic}; "
           f"{duration:g}s; seed {opts.seed}", file=out)  # fmt: skip
     for w in settings.warnings:
@@ -123,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {k} = {v}", file=out)
         for k, v in settings.sources.items():
             print(f"  [{k}] from {v}", file=out)
-    print(format_summary(result.summary), file=out)
+    print(format_summary(result.summary, profile.accelerator), file=out)
     if args.plot is not None:
         plot(result, args.plot, f"{settings.name} — {traffic}, profile {profile.name}")
         print(f"plot: {args.plot}", file=out)

@@ -82,6 +82,9 @@ class EngineProfile:
     max_num_seqs: int = 256
     startup: StartupModel = field(default_factory=StartupModel)
     source: str = ""
+    # What a pod holds: "gpu" (its seconds are GPU-seconds) or "cpu" (pod-seconds; a CPU profile
+    # billed as GPU time would mislead whoever reads the output).
+    accelerator: str = "gpu"
 
     def __post_init__(self) -> None:
         n = len(self.concurrency)
@@ -99,6 +102,8 @@ class EngineProfile:
             raise ValueError("profile: concurrency >= 1, tokens_per_s > 0 and ttft_s >= 0 required")
         if self.max_num_seqs < 1:
             raise ValueError("profile.max_num_seqs: must be >= 1")
+        if self.accelerator not in ("gpu", "cpu"):
+            raise ValueError(f"profile.accelerator: {self.accelerator!r} is not 'gpu' or 'cpu'")
 
     def _interp(self, ys: list[float], n: float, proportional_below: bool = False) -> float:
         xs = self.concurrency
@@ -139,6 +144,7 @@ class EngineProfile:
             max_num_seqs=int(d.get("max_num_seqs", 256)),
             startup=StartupModel.from_dict(d.get("startup") or {}),
             source=str(d.get("source", "")),
+            accelerator=str(d.get("accelerator", "gpu")),
         )
 
 
@@ -147,6 +153,7 @@ class EngineProfile:
 # TTFT points are estimates until the bench saves a measured profile.
 CPU_PROFILE: dict[str, Any] = {
     "name": "cpu-smollm2-135m",
+    "accelerator": "cpu",
     "concurrency": [1, 8, 32],
     "tokens_per_s": [60.0, 300.0, 500.0],
     "ttft_s": [0.15, 0.5, 1.5],

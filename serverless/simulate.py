@@ -653,7 +653,10 @@ _ROWS: list[tuple[str, str]] = [
 ]
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: dict[str, Any], accelerator: str = "gpu") -> str:
+    """The summary as aligned rows. A CPU profile's pods hold no GPU: their seconds are labelled
+    pod-seconds (the JSON keys stay `gpu_seconds*`, so scripts reading them do not break)."""
+
     def fmt(v: Any) -> str:
         if v is None:
             return "-"
@@ -661,8 +664,10 @@ def format_summary(summary: dict[str, Any]) -> str:
             return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
         return f"{v:,}"
 
-    width = max(len(label) for _, label in _ROWS)
-    return "\n".join(f"{label:<{width}}  {fmt(summary.get(key))}" for key, label in _ROWS)
+    unit = "GPU-seconds" if accelerator == "gpu" else "pod-seconds"
+    rows = [(key, label.replace("GPU-seconds", unit)) for key, label in _ROWS]
+    width = max(len(label) for _, label in rows)
+    return "\n".join(f"{label:<{width}}  {fmt(summary.get(key))}" for key, label in rows)
 
 
 def plot(result: SimResult, path: Path, title: str = "") -> Path:

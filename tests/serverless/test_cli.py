@@ -34,8 +34,11 @@ def test_summary_png_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert _run(argv) == 0
     out = capsys.readouterr().out
     for label in ("requests", "served", "timed out", "latency p50", "latency p99", "cold starts", "peak pods",
-                  "GPU-seconds", "saved by the cache", "saved by scale-to-zero"):  # fmt: skip
+                  "pod-seconds", "saved by the cache", "saved by scale-to-zero"):  # fmt: skip
         assert label in out
+    # The default profile is the CPU one: its pods hold no GPU. Sporadic traffic has no rate.
+    assert "GPU-seconds" not in out
+    assert "one request every 120s on average" in out and "@ 1/s" not in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(js.read_text())
     assert data["settings"]["min_scale"] == 0 and data["seed"] == 3
@@ -71,3 +74,12 @@ def test_trace_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_bad_manifest_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["--isvc", str(FIX / "standard.yaml"), "--duration", "10"]) == 2
     assert "deploymentMode" in capsys.readouterr().err
+
+
+def test_gpu_profile_reports_gpu_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--isvc", str(FIX / "dev-tenant.yaml"), "--traffic", "steady", "--rate", "0.5",
+            "--duration", "300", "--profile", "gpu", "--no-baselines"]  # fmt: skip
+    assert _run(argv) == 0
+    out = capsys.readouterr().out
+    assert "GPU-seconds" in out and "pod-seconds" not in out
+    assert "steady @ 0.5/s" in out
