@@ -34,12 +34,20 @@ def cache_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAct
     return cache_sub
 
 
+# The settings the store commands read (RedisCacheStore.from_settings and make_client): their
+# --help lists only these, not every transformer-side cache knob.
+STORE_SETTINGS = (
+    "redis_url", "redis_password", "ca_file", "deployment", "embedding_dim",
+    "ttl_seconds", "max_entries_per_tenant", "store_timeout_ms",
+)  # fmt: skip
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     cs = cache_subparsers(sub)
 
     stats = cs.add_parser("stats", help="entries per tenant, index size and memory")
     stats.add_argument("--tenant", default=None, help="only this tenant")
-    CacheSettings.add_arguments(stats)
+    CacheSettings.add_arguments(stats, only=STORE_SETTINGS)
     stats.set_defaults(func=_stats)
 
     flush = cs.add_parser(
@@ -51,13 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model-revision", default=None,
         help="only entries written under this model revision (every tenant unless --tenant)",
     )
-    CacheSettings.add_arguments(flush)
+    CacheSettings.add_arguments(flush, only=STORE_SETTINGS)
     flush.set_defaults(func=_flush)
 
     inspect = cs.add_parser("inspect", help="a tenant's newest entries")
     inspect.add_argument("--tenant", required=True)
     inspect.add_argument("--limit", type=int, default=20)
-    CacheSettings.add_arguments(inspect)
+    CacheSettings.add_arguments(inspect, only=STORE_SETTINGS)
     inspect.set_defaults(func=_inspect)
 
 

@@ -94,11 +94,24 @@ class Settings:
         return _convert(raw, tp, cls.env_name(f))
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, flag_prefix: str = "") -> None:
-        """`flag_prefix` (e.g. "cache-") keeps several settings classes apart in one parser."""
+    def add_arguments(
+        cls,
+        parser: argparse.ArgumentParser,
+        flag_prefix: str = "",
+        only: tuple[str, ...] | None = None,
+    ) -> None:
+        """`flag_prefix` (e.g. "cache-") keeps several settings classes apart in one parser.
+        `only` names the fields a command uses: its --help lists no flag that would change nothing
+        (the others still come from env vars and defaults in `from_namespace`)."""
         group = parser.add_argument_group(f"{cls.__name__} (env {cls.ENV_PREFIX}*)")
         dest_prefix = flag_prefix.replace("-", "_")
-        for f in cls._fields():
+        fields = cls._fields()
+        if only is not None:
+            unknown = set(only) - {f.name for f in fields}
+            if unknown:
+                raise ValueError(f"{cls.__name__} has no settings {sorted(unknown)}")
+            fields = [f for f in fields if f.name in only]
+        for f in fields:
             tp, _ = _base_type(f.type)
             meta = f.metadata
             if meta.get("secret"):

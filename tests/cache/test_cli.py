@@ -65,3 +65,16 @@ def test_other_modules_can_add_cache_subcommands() -> None:
     register(sub)
     assert parser.parse_args(["cache", "eval"]).func == "eval"
     assert parser.parse_args(["cache", "stats"]).cache_command == "stats"
+
+
+def test_store_commands_list_only_the_settings_they_use() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    cache_sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    commands = cache_sub.choices["cache"]._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name in ("stats", "flush", "inspect"):
+        text = commands[name].format_help()
+        assert "--redis-url" in text and "--deployment" in text, name
+        # Transformer-side knobs that a store command never reads.
+        for unused in ("--min-similarity", "--knn-k", "--lookup-timeout-ms", "--enabled", "--epoch"):
+            assert unused not in text, (name, unused)
