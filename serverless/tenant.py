@@ -485,12 +485,58 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
+def required_secrets(docs: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Secrets the objects read but do not create (name -> keys read; empty: the whole Secret),
+    found where Kubernetes reads them: env `secretKeyRef`, `secret` volumes and projected sources,
+    `imagePullSecrets`. Optional references are left out: a pod starts without them."""
+    created = {d["metadata"]["name"] for d in docs if d.get("kind") == "Secret"}
+    found: dict[str, set[str]] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            ref = node.get("secretKeyRef")
+            if isinstance(ref, dict) and ref.get("name") and not ref.get("optional"):
+                found.setdefault(ref["name"], set()).add(str(ref.get("key", "")))
+            vol = node.get("secret")
+            if isinstance(vol, dict) and not vol.get("optional"):
+                name = vol.get("secretName") or vol.get("name")
+                if name:
+                    keys = found.setdefault(name, set())
+                    keys.update(str(i["key"]) for i in vol.get("items") or [] if "key" in i)
+            for pull in node.get("imagePullSecrets") or []:
+                if isinstance(pull, dict) and pull.get("name"):
+                    found.setdefault(pull["name"], set())
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for doc in docs:
+        walk(doc)
+    return {name: {k for k in keys if k} for name, keys in sorted(found.items()) if name not in created}
+
+
+def secrets_note(docs: list[dict[str, Any]], namespace: str) -> str:
+    """YAML comment lines naming the Secrets to create first (a comment keeps the output
+    appliable with `kubectl apply -f -`)."""
+    needed = required_secrets(docs)
+    if not needed:
+        return ""
+    lines = [f"# Secrets that must exist in namespace {namespace} before these objects are applied:"]
+    for name, keys in needed.items():
+        lines.append(f"#   {name}" + (f" (keys: {', '.join(sorted(keys))})" if keys else ""))
+    lines.append("# (manifests/README.md says how to create them.)")
+    return "\n".join(lines) + "\n"
+
+
 def cmd_create(cl: Client | None, args: argparse.Namespace) -> int:
     docs = tenant_objects(
         args.profile, args.name, args.namespace, model=args.model, revision=args.revision,
         external_redis=args.external_redis,
     )
     if args.dry_run:
+        print(secrets_note(docs, args.namespace), end="")
         print(yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False), end="")
         return 0
     assert cl is not None

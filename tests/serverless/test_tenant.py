@@ -97,6 +97,17 @@ def test_external_redis_and_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(d["metadata"]["namespace"] == "x" for d in docs)
 
 
+def test_dry_run_names_the_secrets_to_create_first(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["create", "bob", "-n", "x", "--profile", "standard", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    head = [line for line in out.splitlines() if line.startswith("#")]
+    assert any("must exist in namespace x" in line for line in head)
+    assert any("semserve-redis (keys: password, url)" in line for line in head)
+    assert any(line.strip("# ") == "semserve-api-keys" for line in head)
+    # Still YAML that `kubectl apply -f -` takes: the note is comments only.
+    assert all(d["kind"] for d in yaml.safe_load_all(out) if d)
+
+
 def test_webhook_rejection_is_one_line(
     fake: FakeApiServer,
     kubeconfig: Path,
