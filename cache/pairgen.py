@@ -150,7 +150,8 @@ def _fillings(it: Intent) -> list[dict[str, str]]:
     names = sorted(it.slots)
     if not names:
         return [{}]
-    combos = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(it.slots[k] for k in names))]
+    products = itertools.product(*(it.slots[k] for k in names))
+    combos = [dict(zip(names, vals, strict=True)) for vals in products]
     rng = _rng(it.id, "fillings")
     rng.shuffle(combos)
     if it.swap:
@@ -159,6 +160,7 @@ def _fillings(it: Intent) -> list[dict[str, str]]:
     return combos[:MAX_FILLINGS]
 
 
+_CONTRACT = (("do not", "don't"), ("I am", "I'm"), ("what is", "what's"), ("can not", "can't"))
 _FILLERS = ("please", "thanks", "quick question:", "hi,", "hey,", "hello,")
 
 
@@ -175,7 +177,7 @@ def near_repeat(text: str, rng: random.Random) -> str:
             f = rng.choice(_FILLERS)
             out = f"{f} {out[0].lower()}{out[1:]}" if f.endswith((":", ",")) else f"{out.rstrip('?.!')} {f}"
         elif op == 3:
-            for full, short in (("do not", "don't"), ("I am", "I'm"), ("what is", "what's"), ("can not", "can't")):
+            for full, short in _CONTRACT:
                 if full in out:
                     out = out.replace(full, short, 1)
                     break
@@ -234,7 +236,8 @@ def pairs_of(it: Intent) -> Iterator[dict[str, object]]:
         if it.swap:
             x, y = it.swap
             s = rng.choice(it.same)
-            yield row(_fill(s, values), _fill(s, {**values, x: values[y], y: values[x]}), False, "swapped_entity")
+            swapped = {**values, x: values[y], y: values[x]}
+            yield row(_fill(s, values), _fill(s, swapped), False, "swapped_entity")
 
 
 def build(data_dir: Path = DATA_DIR) -> dict[str, list[dict[str, object]]]:

@@ -63,3 +63,9 @@ class CacheSettings(Settings):
     degraded_retry_s: float = setting(
         1.0, "While Redis is failing, requests skip it and one probe is let through this often."
     )
+    max_wrong_rate: float = setting(
+        0.01,
+        "Error budget of semantic hits: the verifier's scorer serves at the threshold whose share of "
+        "look-alikes served on the calibration pairs is at most this (0.01 = 1 %). Lower: fewer wrong "
+        "answers and fewer hits. See `semserve cache eval` and README 'Choosing the error budget'.",
+    )

@@ -34,11 +34,16 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 from cache.interfaces import Verdict
+from cache.language import is_english
 from semserve.config import Settings, setting
 from semserve.logs import get_logger
+
+if TYPE_CHECKING:
+    from cache.scorer import PairScorer
 
 log = get_logger("semserve.cache.verify")
 
@@ -62,6 +67,19 @@ class VerifierSettings(Settings):
     )
     max_substituted: int = setting(1, "Most unmatched content words per side that can still be accepted.")
     disabled_rules: str = setting("", f"Comma-separated rules to skip, for ablations: {', '.join(RULES)}.")
+    mode: str = setting(
+        "scorer",
+        "scorer: the learned pair scorer decides (calibrated by --cache-max-wrong-rate), with the rules "
+        "as its features and `hard_rules` as vetoes; rules: the rules and cosine thresholds alone.",
+    )
+    hard_rules: str = setting(
+        "number",
+        "In scorer mode, rules that reject on their own whatever the score (comma-separated, of: "
+        f"{', '.join(RULES[:-1])}); the others only inform the score.",
+    )
+    scorer_path: Path | None = setting(
+        None, "Scorer file from `semserve cache train`; empty: the one shipped in cache/data/scorer.json."
+    )
 
 
 def _mapping(spec: str, sep: str) -> dict[str, str]:
@@ -126,6 +144,9 @@ _PHRASES = [
     (r"\bfigure out\b", "find"),
     (r"\bturn(?:s|ed|ing)? down\b", "decline"),
     (r"\bget(?:ting)? ready\b", "prepare"),
+    # "I can't remember my PIN" is "I forgot my PIN": neither negates the question (forgetting is
+    # why people ask how to reset it), so both become "forgot", which is no negation.
+    (r"\b(?:can not|do not|does not|did not|could not) (?:remember|recall)\b", "forgot"),
     (r"\bhow come\b", "why"),
     (r"\bin order to\b", "to"),
     (r"\ba lot of\b", "many"),
@@ -227,6 +248,7 @@ _ANTONYM_PAIRS = _pairs(
     approve/deny agree/disagree pass/fail yes/no online/offline remote/local local/remote raw/cooked
     overcooked/undercooked thaw/freeze husband/wife parent/child teacher/student employer/employee
     landlord/tenant buyer/seller borrower/lender debtor/creditor
+    remember/forgot eat/avoid within/after during/after include/exclude included/excluded
     """,
     "/",
 )
@@ -277,9 +299,7 @@ _NEGATIONS = frozenset(
         "nor",
         "without",
         "unable",
-        "forgot",
-        "forget",
-        "forgotten",
+        "non",  # "non-refundable" splits into "non" + "refundable"
         "lack",
         "lacks",
         "lacking",
@@ -289,6 +309,8 @@ _NEGATIONS = frozenset(
         "failing",
     }
 )
+
+_NON_WORDS = frozenset({"nonetheless", "nonsense", "nonprofit", "nonstop"})
 
 # Role-bearing prepositions: a shared word that changes role between these flips the relation.
 _ROLE_PREPS = {
@@ -843,15 +865,18 @@ def analyze(text: str) -> Analysis:
     for val, start, end, weak in nums:
         unit: str | None = None
         j = end
-        if j < len(words) and words[j] in _UNITS:
+        # "in" after a number is a preposition far more often than inches ("$500 in small claims
+        # court"): an inch only at the end of a clause ("12 in").
+        inch_word = j < len(words) and words[j] == "in" and j + 1 < len(words) and words[j + 1] != _BOUNDARY
+        if start > 0 and words[start - 1] in _CURRENCY_PREFIX:
+            unit = _UNITS[words[start - 1]]
+            unit_pos.add(start - 1)
+        elif j < len(words) and words[j] in _UNITS and not inch_word:
             unit = _UNITS[words[j]]
             unit_pos.add(j)
             if unit == "deg" and j + 1 < len(words) and words[j + 1] in _TEMP_SCALES:
                 unit = _TEMP_SCALES[words[j + 1]]
                 unit_pos.add(j + 1)
-        elif start > 0 and words[start - 1] in _CURRENCY_PREFIX:
-            unit = _UNITS[words[start - 1]]
-            unit_pos.add(start - 1)
         if unit == "thousand":
             val *= 1000
             unit = None
@@ -914,7 +939,10 @@ def analyze(text: str) -> Analysis:
             qtypes.add("who")
     yesno = bool(words) and words[0] in _AUX_START and not qtypes
 
-    negations = sum(1 for w in words if w in _NEGATIONS)
+    # Glued "non" compounds negate too ("nonrefundable", "nonsmoking"); "nonetheless" does not.
+    negations = sum(
+        1 for w in words if w in _NEGATIONS or (w.startswith("non") and len(w) >= 7 and w not in _NON_WORDS)
+    )
 
     skip = num_pos | unit_pos | time_pos
     tokens: list[Token] = []
@@ -1179,14 +1207,59 @@ _GUARDS = (
 
 
 class RuleVerifier:
-    """Implements the cache's Verifier protocol with the rules described in the module docstring."""
+    """Implements the cache's Verifier protocol: in scorer mode (the default) the learned pair
+    scorer of cache.scorer decides, at the threshold that the wrong-serve budget picks from its
+    calibration curve; in rules mode, the rules described in the module docstring.
 
-    def __init__(self, settings: VerifierSettings | None = None) -> None:
+    Before either: identical after normalization accepts, and a text the scorer cannot judge (not
+    English) rejects, so a language the features were not built for can never be served wrongly.
+    """
+
+    def __init__(
+        self,
+        settings: VerifierSettings | None = None,
+        *,
+        max_wrong_rate: float | None = None,
+        scorer: PairScorer | None = None,
+    ) -> None:
         self.settings = settings or VerifierSettings.from_env()
         self.disabled = frozenset(r.strip() for r in self.settings.disabled_rules.split(",") if r.strip())
         unknown = self.disabled - set(RULES)
         if unknown:
             raise ValueError(f"SEMSERVE_VERIFY_DISABLED_RULES: unknown rules {sorted(unknown)}; know {RULES}")
+        if self.settings.mode not in ("scorer", "rules"):
+            raise ValueError(f"SEMSERVE_VERIFY_MODE: {self.settings.mode!r}, expected scorer or rules")
+        self.hard = frozenset(r.strip() for r in self.settings.hard_rules.split(",") if r.strip())
+        if self.hard - set(RULES[:-1]):
+            raise ValueError(f"SEMSERVE_VERIFY_HARD_RULES: unknown rules {sorted(self.hard - set(RULES))}")
+        self.scorer: PairScorer | None = None
+        self.threshold = 1.01
+        if self.settings.mode == "scorer":
+            from cache.scorer import default_scorer
+
+            # Loaded at start, not on the first request: a missing or stale file fails the start.
+            self.scorer = scorer or default_scorer(str(self.settings.scorer_path or ""))
+            if max_wrong_rate is None:
+                from cache.settings import CacheSettings
+
+                max_wrong_rate = CacheSettings.from_env().max_wrong_rate
+            self.use_max_wrong_rate(max_wrong_rate)
+
+    def use_max_wrong_rate(self, max_wrong_rate: float) -> None:
+        """Move the operating point to the calibrated threshold for this wrong-serve budget."""
+        if not 0.0 <= max_wrong_rate <= 1.0:
+            raise ValueError(f"max wrong rate {max_wrong_rate} is not in [0, 1]")
+        self.max_wrong_rate = max_wrong_rate
+        if self.scorer is not None:
+            point = self.scorer.threshold_for(max_wrong_rate)
+            self.threshold = point.threshold
+            log.info(
+                "verify_operating_point",
+                max_wrong_rate=max_wrong_rate,
+                threshold=round(point.threshold, 4),
+                calib_wrong_rate=point.wrong_rate,
+                calib_served_rate=point.served_rate,
+            )
 
     def check(self, query: str, candidate: str, similarity: float) -> Verdict:
         verdict = self._decide(query, candidate, similarity)
@@ -1206,8 +1279,14 @@ class RuleVerifier:
             return Verdict(False, "empty", similarity, "nothing to compare after normalization")
         if a.norm == b.norm:
             return Verdict(True, "exact", similarity, "identical after normalization")
+        if not (is_english(query) and is_english(candidate)):
+            # The lexicons and the scorer's features are English: on other text they cannot tell a
+            # paraphrase from a look-alike, so only identical prompts (above) are served.
+            return Verdict(False, "unsupported_language", similarity, "not English: only exact repeats")
         if similarity < s.min_similarity:
             return Verdict(False, "below_floor", similarity, f"cosine {similarity:.3f} < {s.min_similarity}")
+        if self.scorer is not None:
+            return self._score(query, candidate, similarity)
         for name, rule in _GUARDS:
             if name in self.disabled:
                 continue
@@ -1247,3 +1326,23 @@ class RuleVerifier:
         return Verdict(
             ok, "content_added", similarity, f"{detail}; cosine {similarity:.3f} vs {s.accept_added}"
         )
+
+    def _score(self, query: str, candidate: str, similarity: float) -> Verdict:
+        from cache.pairfeatures import pair_features
+
+        assert self.scorer is not None
+        x, vetoes = pair_features(query, candidate, similarity)
+        objecting = [v for v in vetoes if v.removeprefix("rule_") not in self.disabled]
+        for name in objecting:
+            rule = name.removeprefix("rule_")
+            if rule in self.hard:
+                return Verdict(False, rule, similarity, vetoes[name])
+        p = self.scorer.probability(x)
+        detail = f"score {p:.3f} vs {self.threshold:.3f} (cosine {similarity:.3f})"
+        if p >= self.threshold:
+            return Verdict(True, "scorer", p, detail)
+        # Rejected: name the rule that objected, if any (the likeliest reason), else the score.
+        if objecting:
+            rule = objecting[0].removeprefix("rule_")
+            return Verdict(False, rule, p, f"{detail}; {vetoes[objecting[0]]}")
+        return Verdict(False, "scorer", p, detail)

@@ -147,7 +147,8 @@ def fixture_sims(embedder: Embedder) -> np.ndarray:
 
 
 def test_offline_fixture_outcomes(embedder: Embedder, fixture_sims: np.ndarray) -> None:
-    report = evaluate_offline(PAIRS, embedder, RuleVerifier(VerifierSettings()), similarities=fixture_sims)
+    rules = RuleVerifier(VerifierSettings(mode="rules"))
+    report = evaluate_offline(PAIRS, embedder, rules, similarities=fixture_sims)
     for (pair, rule), out in zip(FIXTURE, report.outcomes, strict=True):
         assert out.served == pair.same_answer, out
         assert out.rule == rule, out
@@ -241,11 +242,12 @@ async def test_through_the_real_cache_matches_offline(
 
     async def make_cache() -> SemanticCache:
         store = RedisCacheStore.from_settings(settings)
-        cache = SemanticCache(store, embedder, RuleVerifier(VerifierSettings()), settings)
+        cache = SemanticCache(store, embedder, RuleVerifier(VerifierSettings(mode="rules")), settings)
         await cache.start()
         return cache
 
     real = await evaluate_through_cache(PAIRS, make_cache)
-    offline = evaluate_offline(PAIRS, embedder, RuleVerifier(VerifierSettings()), similarities=fixture_sims)
+    rules = RuleVerifier(VerifierSettings(mode="rules"))
+    offline = evaluate_offline(PAIRS, embedder, rules, similarities=fixture_sims)
     assert [o.served for o in real.outcomes] == [o.served for o in offline.outcomes]
     assert real.overall.wrong_served_rate == 0.0

@@ -15,7 +15,7 @@ HIGH = 0.97  # look-alike prompts embed about this close
 
 @pytest.fixture(scope="module")
 def verifier() -> RuleVerifier:
-    return RuleVerifier(VerifierSettings())
+    return RuleVerifier(VerifierSettings(mode="rules"))
 
 
 REJECT = [
@@ -138,7 +138,7 @@ def test_similarity_floor(verifier: RuleVerifier) -> None:
 
 
 def test_clean_match_needs_accept_clean() -> None:
-    v = RuleVerifier(VerifierSettings(accept_clean=0.8))
+    v = RuleVerifier(VerifierSettings(mode="rules", accept_clean=0.8))
     assert v.check("how can i reset my password", "How do I reset my password?", 0.81).accept
     low = v.check("how can i reset my password", "How do I reset my password?", 0.79)
     assert (low.accept, low.rule) == (False, "content_clean")
@@ -187,7 +187,7 @@ def test_number_words_and_ordinals_are_normalized() -> None:
 
 
 def test_disabled_rules_are_skipped() -> None:
-    v = RuleVerifier(VerifierSettings(disabled_rules="negation"))
+    v = RuleVerifier(VerifierSettings(mode="rules", disabled_rules="negation"))
     assert v.check("cancel my subscription", "don't cancel my subscription", HIGH).rule != "negation"
     with pytest.raises(ValueError):
         RuleVerifier(VerifierSettings(disabled_rules="telepathy"))
