@@ -1,62 +1,95 @@
 """`semserve up` (= `make run`): the local stack in the foreground, stopped cleanly with Ctrl-C.
 
-Each server is a child process with its log under .cache/logs/; we wait until each is ready,
-print the endpoints and a request that works, and on Ctrl-C (or SIGTERM) stop them in reverse order.
+Each server is a child process with its log under .cache/logs/. All start at once (the transformer
+answers cache hits while the predictor's engine still loads); a child that exits later is restarted
+with a back-off while the others keep serving, as Kubernetes does with containers. Only Ctrl-C or
+SIGTERM stops everything (in reverse order). `up.json` beside the logs holds each component's state,
+pid and restart count.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
-LOG_DIR = Path(".cache/logs")
+from semserve.supervise import Component, StartFailed, Supervisor
 
-
-@dataclass
-class Component:
-    name: str
-    args: list[str]
-    ports: list[int]
-    ready_url: str
+COMPONENTS = ("redis", "predictor", "transformer")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("up", help="run the local stack (what `make run` does)")
-    parser.add_argument("--redis-port", type=int, default=6380)
-    parser.add_argument("--predictor-http-port", type=int, default=8090)
-    parser.add_argument("--predictor-grpc-port", type=int, default=8091)
-    parser.add_argument("--transformer-http-port", type=int, default=8080)
-    parser.add_argument("--transformer-grpc-port", type=int, default=8081)
-    parser.add_argument("--ready-timeout-s", type=float, default=600)
+    parser = sub.add_parser(
+        "up",
+        help="run the local stack (what `make run` does)",
+        description="Run Redis, the predictor and the transformer in the foreground; Ctrl-C stops them. "
+        "A component that exits after it was ready is restarted (with back-off) while the others "
+        "keep serving.",
+    )
+    parser.add_argument("--redis-port", type=int, default=6380, help="Redis port (default %(default)s)")
+    parser.add_argument(
+        "--predictor-http-port", type=int, default=8090,
+        help="predictor HTTP port: v2 REST, OpenAI, /metrics (default %(default)s)",
+    )
+    parser.add_argument(
+        "--predictor-grpc-port", type=int, default=8091,
+        help="predictor gRPC port, the one the transformer sends misses to (default %(default)s)",
+    )
+    parser.add_argument(
+        "--transformer-http-port", type=int, default=8080,
+        help="transformer HTTP port: v2 REST, OpenAI, admin, /metrics (default %(default)s)",
+    )
+    parser.add_argument(
+        "--transformer-grpc-port", type=int, default=8081,
+        help="transformer gRPC port (default %(default)s)",
+    )
+    parser.add_argument(
+        "--ready-timeout-s", type=float, default=600,
+        help="give up when a component is not ready this long after its first start (default %(default)s)",
+    )
+    parser.add_argument(
+        "--without", action="append", default=[], choices=COMPONENTS, metavar="COMPONENT",
+        help="leave a component out (repeatable), e.g. --without predictor to run the transformer "
+        "against a predictor you started yourself on --predictor-grpc-port",
+    )
+    parser.add_argument(
+        "--log-dir", type=Path, default=Path(".cache/logs"),
+        help="where each component's log and up.json go (default %(default)s)",
+    )
+    parser.add_argument(
+        "--redis-data-dir", type=Path, default=Path(".cache/redis"),
+        help="Redis persistence directory (default %(default)s)",
+    )
     parser.set_defaults(func=_up)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could bind the port now. SO_REUSEADDR as the servers themselves bind (uvicorn,
+    gRPC, Redis): a socket of a stopped run lingering in TIME_WAIT does not stop them, so it must
+    not stop us either."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
             return True
         except OSError:
             return False
 
 
-def _ready(url: str) -> bool:
-    if url.startswith("redis:"):
-        port = int(url.rsplit(":", 1)[1])
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+def _redis_ready(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _http_ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
             return bool(resp.status == 200)
@@ -64,50 +97,75 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _components(args: argparse.Namespace) -> list[Component]:
-    data_dir = Path(".cache/redis")
-    return [
+def components(args: argparse.Namespace) -> list[Component]:
+    py = sys.executable
+    every = [
         Component(
             "redis",
-            ["--redis-server", "--port", str(args.redis_port), "--data-dir", str(data_dir)],
+            [py, "-m", "cache.redis_server", "--port", str(args.redis_port),
+             "--data-dir", str(args.redis_data_dir)],
             [args.redis_port],
-            f"redis:{args.redis_port}",
+            lambda: _redis_ready(args.redis_port),
         ),
         Component(
             "predictor",
-            [
-                "predictor",
-                "--http-port", str(args.predictor_http_port),
-                "--grpc-port", str(args.predictor_grpc_port),
-            ],
+            [py, "-m", "semserve", "predictor",
+             "--http-port", str(args.predictor_http_port),
+             "--grpc-port", str(args.predictor_grpc_port)],
             [args.predictor_http_port, args.predictor_grpc_port],
-            f"http://127.0.0.1:{args.predictor_http_port}/v2/health/ready",
+            lambda: _http_ready(f"http://127.0.0.1:{args.predictor_http_port}/v2/health/ready"),
         ),
         Component(
             "transformer",
-            [
-                "transformer",
-                "--http-port", str(args.transformer_http_port),
-                "--grpc-port", str(args.transformer_grpc_port),
-                "--predictor-host", f"127.0.0.1:{args.predictor_grpc_port}",
-                "--predictor-url", f"http://127.0.0.1:{args.predictor_http_port}",
-                "--cache-redis-url", f"redis://127.0.0.1:{args.redis_port}/0",
-            ],
+            [py, "-m", "semserve", "transformer",
+             "--http-port", str(args.transformer_http_port),
+             "--grpc-port", str(args.transformer_grpc_port),
+             "--predictor-host", f"127.0.0.1:{args.predictor_grpc_port}",
+             "--cache-redis-url", f"redis://127.0.0.1:{args.redis_port}/0"],
             [args.transformer_http_port, args.transformer_grpc_port],
-            f"http://127.0.0.1:{args.transformer_http_port}/v2/health/ready",
+            lambda: _http_ready(f"http://127.0.0.1:{args.transformer_http_port}/v2/health/ready"),
         ),
-    ]
+    ]  # fmt: skip
+    return [c for c in every if c.name not in args.without]
+
+
+def _banner(args: argparse.Namespace, sup: Supervisor) -> str:
+    http = args.transformer_http_port
+    body = (
+        '{"model":"llm","temperature":0,'
+        '"messages":[{"role":"user","content":"What is the capital of France?"}]}'
+    )
+    return f"""
+semserve is up.
+  transformer  v2 REST + OpenAI  http://127.0.0.1:{http}    v2 gRPC 127.0.0.1:{args.transformer_grpc_port}
+  predictor    v2 REST + OpenAI  http://127.0.0.1:{args.predictor_http_port}    \
+v2 gRPC 127.0.0.1:{args.predictor_grpc_port}
+  redis        redis://127.0.0.1:{args.redis_port}
+  logs         {args.log_dir}/   (state and restart counts: {sup.status_path})
+  {_status_line(sup)}
+
+Try (twice: the second answer comes from the cache, see x-semserve-cache):
+  curl -si http://127.0.0.1:{http}/openai/v1/chat/completions \\
+    -H 'content-type: application/json' -d '{body}'
+
+A component that exits is restarted; Ctrl-C stops everything."""
+
+
+def _status_line(sup: Supervisor) -> str:
+    parts = []
+    for st in sup.statuses():
+        restarts = f", {st.restarts} restart{'s' if st.restarts != 1 else ''}" if st.restarts else ""
+        parts.append(f"{st.name} {st.state}{restarts}")
+    return "status: " + "; ".join(parts)
 
 
 def _up(args: argparse.Namespace) -> int:
-    components = _components(args)
-    for comp in components:
+    comps = components(args)
+    for comp in comps:
         for port in comp.ports:
-            if not _port_free(port):
+            if not port_free(port):
                 print(f"semserve up: port {port} ({comp.name}) is already in use", file=sys.stderr)
                 return 1
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    procs: list[tuple[Component, subprocess.Popen[bytes]]] = []
     stopping = False
 
     def stop(*_: object) -> None:
@@ -116,73 +174,27 @@ def _up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    sup = Supervisor(comps, args.log_dir, args.ready_timeout_s, say=lambda m: print(m, flush=True))
+    announced = False
+    last_status = ""
     try:
-        for comp in components:
-            log_path = LOG_DIR / f"{comp.name}.log"
-            print(f"==> starting {comp.name} (log: {log_path})", flush=True)
-            log = log_path.open("ab")
-            # Redis runs from the cache package's launcher; the services are semserve subcommands.
-            argv = (
-                [sys.executable, "-m", "cache.redis_server", *comp.args[1:]]
-                if comp.args[0] == "--redis-server"
-                else [sys.executable, "-m", "semserve", *comp.args]
-            )
-            proc = subprocess.Popen(
-                argv,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-            procs.append((comp, proc))
-            started = time.monotonic()
-            while not _ready(comp.ready_url):
-                if stopping:
-                    return 0
-                if proc.poll() is not None:
-                    print(f"{comp.name} exited with {proc.returncode}; see {log_path}", file=sys.stderr)
-                    return 1
-                if time.monotonic() - started > args.ready_timeout_s:
-                    print(f"{comp.name} not ready after {args.ready_timeout_s}s; see {log_path}",
-                          file=sys.stderr)
-                    return 1
-                print(f"    waiting for {comp.name}... {time.monotonic() - started:.0f}s", end="\r",
-                      flush=True)
-                time.sleep(1)
-            print(f"    {comp.name} ready in {time.monotonic() - started:.0f}s          ", flush=True)
-        http = args.transformer_http_port
-        body = (
-            '{"model":"llm","temperature":0,'
-            '"messages":[{"role":"user","content":"What is the capital of France?"}]}'
-        )
-        print(
-            f"""
-semserve is up.
-  transformer  v2 REST + OpenAI  http://127.0.0.1:{http}    v2 gRPC 127.0.0.1:{args.transformer_grpc_port}
-  predictor    v2 REST + OpenAI  http://127.0.0.1:{args.predictor_http_port}    \
-v2 gRPC 127.0.0.1:{args.predictor_grpc_port}
-  redis        redis://127.0.0.1:{args.redis_port}
-  logs         {LOG_DIR}/
-
-Try (twice: the second answer comes from the cache, see x-semserve-cache):
-  curl -si http://127.0.0.1:{http}/openai/v1/chat/completions \\
-    -H 'content-type: application/json' -d '{body}'
-
-Ctrl-C stops everything.""",
-            flush=True,
-        )
+        sup.start_all()
         while not stopping:
-            for comp, proc in procs:
-                if proc.poll() is not None:
-                    print(f"{comp.name} exited with {proc.returncode}; stopping", file=sys.stderr)
-                    return 1
+            all_ready = sup.poll()
+            if all_ready and not announced:
+                print(_banner(args, sup), flush=True)
+                announced = True
+                last_status = _status_line(sup)
+            elif announced:
+                # After a restart: one line with every component's state and restart count.
+                line = _status_line(sup)
+                if line != last_status and all_ready:
+                    print(line, flush=True)
+                last_status = line if all_ready else last_status
             time.sleep(0.5)
         return 0
+    except StartFailed as exc:
+        print(f"semserve up: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
-        for comp, proc in reversed(procs):
-            if proc.poll() is None:
-                print(f"==> stopping {comp.name}", flush=True)
-                proc.send_signal(signal.SIGTERM)
-        for _, proc in reversed(procs):
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        sup.stop_all()
