@@ -124,14 +124,20 @@ def normalize_text(s: str) -> str:
 
     NFKC (full-width and compatibility forms fold to their plain form), invisible zero-width
     characters removed, every run of whitespace (any Unicode space, tabs, newlines) collapsed to one
-    space, ends stripped. Case and punctuation are kept: "US" vs "us", "2-3" vs "23", a trailing "?"
+    space, ends stripped, a sentence-initial capital lowered ("Why is" -> "why is"). Otherwise case
+    and punctuation are kept: "US" vs "us", "2-3" vs "23", a trailing "?"
     or a code snippet's symbols can change the answer, and folding them is the semantic layer's job,
     which has a verifier behind it. Collapsing newlines can in principle merge two prompts that
     differ only in layout (e.g. Python indentation); accepted, since the exact layer is a hit-rate
     shortcut and such prompts are vanishingly rare as last user messages of a cache hit.
     """
-    s = unicodedata.normalize("NFKC", s).translate(_INVISIBLE)
-    return " ".join(s.split())
+    s = " ".join(unicodedata.normalize("NFKC", s).translate(_INVISIBLE).split())
+    # Sentence case is the one case difference folded: "Why is the sky blue?" and "why is the sky
+    # blue?" are one question typed two ways. Only a capital followed by a small letter at the very
+    # start ("Why" -> "why"); "US", "I am" and every later word keep their case.
+    if len(s) > 1 and s[0].isupper() and s[1].islower():
+        s = s[0].lower() + s[1:]
+    return s
 
 
 def canonical_json(obj: Any) -> str:

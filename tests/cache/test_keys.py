@@ -17,7 +17,7 @@ HOSTILE = ["*", "|", "{", "}", "@", "-", " ", "a b", '"', "'", "\\", "\\}", "ü"
 
 
 def test_normalize_text() -> None:
-    assert keys.normalize_text("  What  is\tthe\n\ncapital?  ") == "What is the capital?"
+    assert keys.normalize_text("  What  is\tthe\n\ncapital?  ") == "what is the capital?"
     assert keys.normalize_text("ｗｈａｔ\u3000is\u00a0it") == "what is it"  # NFKC + unicode spaces
     assert keys.normalize_text("zero\u200bwidth") == "zerowidth"
     # Case and punctuation are kept: they can change the answer.
@@ -25,9 +25,15 @@ def test_normalize_text() -> None:
     assert keys.normalize_text("2-3") != keys.normalize_text("23")
 
 
-def test_exact_key_ignores_whitespace_but_not_case() -> None:
+def test_exact_key_ignores_whitespace_and_sentence_case_only() -> None:
     assert keys.exact_key(chat("hello  world")) == keys.exact_key(chat(" hello world\n"))
-    assert keys.exact_key(chat("hello world")) != keys.exact_key(chat("Hello world"))
+    # A capital starting the message is sentence case, not meaning ...
+    assert keys.exact_key(chat("hello world")) == keys.exact_key(chat("Hello world"))
+    assert keys.normalize_text("Why is the sky blue?") == keys.normalize_text("why is the sky blue?")
+    # ... any other case difference is kept: acronyms, a lone "I", later words.
+    assert keys.exact_key(chat("hello world")) != keys.exact_key(chat("hello World"))
+    assert keys.normalize_text("US rates") != keys.normalize_text("us rates")
+    assert keys.normalize_text("I am") != keys.normalize_text("i am")
 
 
 def test_fingerprint_excludes_last_message_and_tenant() -> None:
