@@ -74,6 +74,40 @@ def get_logger(name: str) -> EventLogger:
     return EventLogger(logging.getLogger(name))
 
 
+# KServe's exception handlers log every exception they answer at error level with a traceback,
+# a 503 while the engine loads (a readiness probe a second) and a client's 404 alike. Those are
+# expected: one line, at info for "not ready (yet)" and at warning for a client's error. Matched by
+# class name, so this module needs no KServe import; anything else keeps KServe's error line.
+_NOT_READY = {"ServerNotReady": 503, "ServerNotLive": 503, "ModelNotReady": 503, "NoModelReady": 503,
+              "Unavailable503": 503}  # fmt: skip
+_CLIENT_ERRORS = {"ModelNotFound": 404, "InvalidInput": 400, "UnsupportedProtocol": 400,
+                  "RequestValidationError": 400}  # fmt: skip
+
+
+class ExpectedErrorsFilter(logging.Filter):
+    """Turns a library's error-with-traceback for an expected condition into one structured line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or record.levelno < logging.ERROR:
+            return True
+        names = [c.__name__ for c in type(exc).__mro__]
+        status = next((_NOT_READY[n] for n in names if n in _NOT_READY), None)
+        if status is not None:
+            record.levelno, record.levelname, event = logging.INFO, "INFO", "request_not_ready"
+        else:
+            status = next((_CLIENT_ERRORS[n] for n in names if n in _CLIENT_ERRORS), None)
+            if status is None:
+                return True
+            record.levelno, record.levelname, event = logging.WARNING, "WARNING", "request_rejected"
+        if not logging.getLogger().isEnabledFor(record.levelno):
+            return False
+        record.msg, record.args = event, ()
+        record.fields = {"status": status, "error": type(exc).__name__, "detail": str(exc)}  # type: ignore[attr-defined]
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 def configure(level: str = "info") -> None:
     """Route every logger through one JSON handler on stderr."""
     handler = logging.StreamHandler(sys.stderr)
@@ -89,3 +123,6 @@ def configure(level: str = "info") -> None:
     # uvicorn's access log duplicates our own request log line.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     logging.getLogger("kserve.trace").setLevel(logging.WARNING)
+    kserve_logger = logging.getLogger("kserve")
+    if not any(isinstance(f, ExpectedErrorsFilter) for f in kserve_logger.filters):
+        kserve_logger.addFilter(ExpectedErrorsFilter())
