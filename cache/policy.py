@@ -357,6 +357,7 @@ class SemanticCache:
 
     def _verify(self, query: str, candidate: str, similarity: float) -> Verdict:
         try:
+            self._apply_error_budget()
             verdict = self.verifier.check(query, candidate, similarity)
         except Exception as e:
             # A verifier that cannot decide rejects: serving a wrong answer is worse than a miss.
@@ -365,6 +366,17 @@ class SemanticCache:
             return Verdict(False, "verifier_error", similarity, f"{type(e).__name__}: {e}")
         self._recovered("verifier")
         return verdict
+
+    def _apply_error_budget(self) -> None:
+        """Hand `max_wrong_rate` (flag, env or constructor) to a verifier that has an operating point
+        to choose, once: the verifier is built from its own settings and cannot see this cache's."""
+        budget = self.settings.max_wrong_rate
+        if getattr(self, "_budget_applied", None) == budget:
+            return
+        use = getattr(self.verifier, "use_max_wrong_rate", None)
+        if callable(use) and getattr(self.verifier, "max_wrong_rate", None) != budget:
+            use(budget)
+        self._budget_applied = budget
 
     async def _embed(self, text: str) -> np.ndarray:
         try:

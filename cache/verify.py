@@ -1206,6 +1206,9 @@ _GUARDS = (
 )
 
 
+_HARD = "hard rule: "
+
+
 class RuleVerifier:
     """Implements the cache's Verifier protocol: in scorer mode (the default) the learned pair
     scorer of cache.scorer decides, at the threshold that the wrong-serve budget picks from its
@@ -1327,6 +1330,19 @@ class RuleVerifier:
             ok, "content_added", similarity, f"{detail}; cosine {similarity:.3f} vs {s.accept_added}"
         )
 
+    def probability(self, query: str, candidate: str, similarity: float) -> float:
+        """The number `check` compares with the threshold in scorer mode: 1 for identical prompts,
+        0 where a check before the scorer rejects (language, floor, hard rule), else the scorer's
+        probability. For curves over all thresholds (`semserve cache eval --plot`)."""
+        v = self._decide(query, candidate, similarity)
+        if v.rule == "exact":
+            return 1.0
+        if self.scorer is None or v.rule in ("empty", "unsupported_language", "below_floor"):
+            return 0.0
+        if v.detail.startswith(_HARD):
+            return 0.0
+        return v.score
+
     def _score(self, query: str, candidate: str, similarity: float) -> Verdict:
         from cache.pairfeatures import pair_features
 
@@ -1336,7 +1352,7 @@ class RuleVerifier:
         for name in objecting:
             rule = name.removeprefix("rule_")
             if rule in self.hard:
-                return Verdict(False, rule, similarity, vetoes[name])
+                return Verdict(False, rule, similarity, f"{_HARD}{vetoes[name]}")
         p = self.scorer.probability(x)
         detail = f"score {p:.3f} vs {self.threshold:.3f} (cosine {similarity:.3f})"
         if p >= self.threshold:
