@@ -11,7 +11,7 @@ MODEL_STAMP := .cache/models/SmolLM2-135M-Instruct/semserve-manifest.json
 EXTRAS ?= cpu,transformer,export,local,dev,bench
 PYTEST_ARGS ?=
 
-.PHONY: setup model run test lint bench clean
+.PHONY: setup model run test lint bench clean prometheus-tools
 
 setup: $(STAMP)
 
@@ -37,7 +37,17 @@ model: setup
 run: model
 	@$(PY) -m semserve up
 
-test: model
+# Debian's prometheus package: promtool and a real Prometheus for tests/test_prometheus_*.py.
+# Installed once (as root, or through sudo); skipped when both binaries are already on PATH.
+prometheus-tools:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
+	  echo "==> installing Debian's prometheus (promtool + server) for the tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	fi
+
+test: model prometheus-tools
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-LABELS = ("model", "protocol")
+# `model_name`, as KServe's request_*_seconds and vLLM's vllm:* series label the model, so one
+# dashboard variable and one `by (model_name)` join all three.
+LABELS = ("model_name", "protocol")
 
 # Buckets span a CPU engine's first token (hundreds of ms) down to a GPU's (ms).
 TTFT = Histogram(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,48 +13,88 @@ from prometheus_client.registry import Collector
 LOOKUPS = Counter(
     "semserve_cache_lookups_total",
     "Cache lookups by result (exact, semantic, miss, bypass, error).",
-    ("model", "result"),
+    ("model_name", "result"),
 )
 LOOKUP_SECONDS = Histogram(
     "semserve_cache_lookup_seconds",
     "Time of one cache lookup (exact GET, embedding, KNN, verification).",
-    ("model",),
+    ("model_name",),
     buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25),
 )
 EMBED_SECONDS = Histogram(
     "semserve_cache_embedding_seconds",
     "Time to embed the last user message during a lookup.",
-    ("model",),
+    ("model_name",),
     buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1),
 )
 SIMILARITY = Histogram(
     "semserve_cache_similarity",
     "Cosine similarity of the best semantic candidate, by whether it was served.",
-    ("model", "decision"),
+    ("model_name", "decision"),
     buckets=(0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99, 1.0),
 )
 PREDICTOR_CALLS_SAVED = Counter(
     "semserve_cache_predictor_calls_saved_total",
     "Requests answered without calling the predictor (cache hits and single-flight joins).",
-    ("model",),
+    ("model_name",),
 )
 STORE_SKIPPED = Counter(
     "semserve_cache_store_skipped",
     "Complete answers served but not cached, by reason (revision_mismatch: the predictor reported "
     "another model revision than the transformer's --model-revision, e.g. during a canary).",
-    ("model", "reason"),
+    ("model_name", "reason"),
 )
 PREDICTOR_CALLS = Counter(
     "semserve_transformer_predictor_calls_total",
     "Calls to the predictor by protocol and outcome.",
-    ("model", "protocol", "outcome"),
+    ("model_name", "protocol", "outcome"),
 )
 REQUEST_SECONDS = Histogram(
     "semserve_transformer_request_duration_seconds",
     "Time to answer a request, by protocol and cache result.",
-    ("model", "protocol", "cache"),
+    ("model_name", "protocol", "cache"),
     buckets=(0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+
+
+# The outcomes of a predictor call: a small fixed set, so a dashboard can sum them and an alert
+# can divide by them (an exception class name per outcome would grow with every error type).
+OUTCOMES = ("ok", "client_error", "unavailable", "cancelled", "error")
+_CLIENT_CODES = {"INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PRECONDITION",
+                 "RESOURCE_EXHAUSTED", "UNAUTHENTICATED", "PERMISSION_DENIED", "ALREADY_EXISTS"}  # fmt: skip
+_UNAVAILABLE_CODES = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED"}
+
+
+def outcome_of(exc: BaseException) -> str:
+    """The `outcome` label of a failed predictor call (`ok` is the caller's when nothing failed).
+
+    client_error: the predictor refused the request (4xx / INVALID_ARGUMENT ...), a client's fault;
+    unavailable: the predictor is down, loading, draining or too slow (503/504 / UNAVAILABLE ...);
+    cancelled: the caller went away; error: anything else (a 500, a bug)."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    status = getattr(exc, "http_status", None)  # semserve.errors.ServingError and its kind
+    if isinstance(status, int):
+        if status in (503, 504):
+            return "unavailable"
+        if status == 499:
+            return "cancelled"
+        return "client_error" if 400 <= status < 500 else "error"
+    code = getattr(exc, "code", None)  # grpc.aio.AioRpcError
+    if callable(code):
+        try:
+            name = getattr(code(), "name", "")
+        except Exception:  # a `code` that is not gRPC's; fall through to "error"
+            name = ""
+        if name == "CANCELLED":
+            return "cancelled"
+        if name in _UNAVAILABLE_CODES:
+            return "unavailable"
+        if name in _CLIENT_CODES:
+            return "client_error"
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return "unavailable"
+    return "error"
 
 
 class PolicyCollector(Collector):
@@ -80,12 +121,12 @@ class PolicyCollector(Collector):
             "semserve_cache_index_created": ("Times the index was (re)created.", c.index_created),
         }
         for name, (doc, value) in rows.items():
-            fam = CounterMetricFamily(name, doc, labels=["model"])
+            fam = CounterMetricFamily(name, doc, labels=["model_name"])
             fam.add_metric([self.model], float(value))
             yield fam
         degraded = GaugeMetricFamily(
             "semserve_cache_degraded", "1 while Redis is unreachable and the cache fails open.",
-            labels=["model"],
+            labels=["model_name"],
         )
         degraded.add_metric([self.model], 1.0 if c.degraded else 0.0)
         yield degraded
