@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from semserve.config import Settings, setting
+from semserve.config import OpenAIRouteSettings, setting
 
 
 @dataclass
-class PredictorSettings(Settings):
+class PredictorSettings(OpenAIRouteSettings):
     ENV_PREFIX: ClassVar[str] = "SEMSERVE_PREDICTOR_"
 
     model: Path | None = setting(

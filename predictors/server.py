@@ -12,7 +12,7 @@ from predictors.model import VLLMPredictor
 from predictors.openai_backend import PredictorOpenAI
 from semserve import logs, model_prep, tracing
 from semserve.generate_routes import register_generate_routes
-from semserve.openai_routes import register_openai_routes
+from semserve.openai_routes import register_openai_routes, with_cors
 from semserve.serving import SemserveModelServer
 
 log = logs.get_logger("semserve.predictor")
@@ -41,7 +41,7 @@ def run(settings: PredictorSettings, trace_settings: tracing.TracingSettings | N
     openai = PredictorOpenAI(settings, engine)
 
     def setup(app: FastAPI) -> None:
-        register_openai_routes(app, openai)
+        register_openai_routes(app, openai, prefix=settings.openai_route_prefix)
         register_generate_routes(app, model)
 
     server = SemserveModelServer(
@@ -52,6 +52,7 @@ def run(settings: PredictorSettings, trace_settings: tracing.TracingSettings | N
         max_body_bytes=settings.max_body_bytes,
         max_header_bytes=settings.max_header_bytes,
         setup_app=setup,
+        wrap_app=lambda app: with_cors(app, settings.cors_origins),
     )
     try:
         server.start([model])

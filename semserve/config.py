@@ -174,3 +174,35 @@ class Settings:
             value = getattr(self, f.name)
             out[f.name] = "***" if f.metadata.get("secret") and value else value
         return out
+
+
+@dataclasses.dataclass
+class OpenAIRouteSettings(Settings):
+    """The OpenAI HTTP layer's settings, shared by both services (each inherits them under its own
+    env prefix, e.g. SEMSERVE_PREDICTOR_OPENAI_ROUTE_PREFIX)."""
+
+    openai_route_prefix: str = setting(
+        "/openai",
+        "Path before /v1 of the OpenAI routes (KServe's KSERVE_OPENAI_ROUTE_PREFIX): clients use "
+        "base URL http://HOST:PORT<prefix>/v1. `/`: the routes at /v1/... as vLLM serves them.",
+    )
+    cors_allowed_origins: str = setting(
+        "",
+        "Comma-separated origins browsers may call from (CORS), e.g. http://localhost:3000, or *. "
+        "Empty: no CORS headers (browsers refuse cross-origin calls).",
+    )
+
+    def __post_init__(self) -> None:
+        prefix = self.openai_route_prefix.strip().rstrip("/")
+        if prefix and not prefix.startswith("/"):
+            prefix = "/" + prefix
+        if prefix.endswith("/v1") or any(c in prefix for c in "{}?# "):
+            raise ValueError(
+                f"openai_route_prefix {self.openai_route_prefix!r}: give the part before /v1, "
+                "a plain path such as /openai (or empty)"
+            )
+        self.openai_route_prefix = prefix
+
+    @property
+    def cors_origins(self) -> list[str]:
+        return [o.strip().rstrip("/") for o in self.cors_allowed_origins.split(",") if o.strip()]

@@ -166,6 +166,9 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
             return error_response(exc)
 
     served = [card.id for card in backend.models()]
+    # Before our own routes and KServe's: `/v1/models` is KServe's v1 model list, which an OpenAI
+    # client pointed at .../v1 would read as an empty list.
+    register_wrong_prefix_routes(app, prefix)
     app.add_api_route(f"{prefix}/v1/models", list_models, methods=["GET"], tags=["openai"])
     app.add_api_route(f"{prefix}/v1/models/{{model_name}}", get_model, methods=["GET"], tags=["openai"])
     app.add_api_route(
@@ -175,4 +178,60 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
     app.add_api_route(
         f"{prefix}/v1/chat/completions", chat_completions, methods=["POST"], tags=["openai"],
         openapi_extra=body_openapi(ChatCompletionRequest, served),
+    )
+
+
+# The OpenAI paths a client reaches with a habitual base URL: vLLM's (`/v1`), KServe's default
+# (`/openai/v1`), and a base URL that forgot `/v1`.
+_OPENAI_PATHS = (("/models", "GET"), ("/completions", "POST"), ("/chat/completions", "POST"))
+_HABITUAL_PREFIXES = ("", ROUTE_PREFIX)
+
+
+def wrong_prefix_paths(prefix: str) -> list[str]:
+    """Paths that look like an OpenAI route under another base URL than this server's."""
+    bases = [f"{p}/v1" for p in _HABITUAL_PREFIXES if p != prefix]
+    if prefix:
+        bases.append(prefix)  # base URL without /v1
+    return [f"{base}{path}" for base in bases for path, _ in _OPENAI_PATHS]
+
+
+def register_wrong_prefix_routes(app: FastAPI, prefix: str) -> None:
+    """Answer an OpenAI request sent under the wrong base URL with a 404 that names the right one,
+    instead of KServe's v1 protocol (an empty model list) or a bare "Not Found"."""
+
+    async def wrong_prefix(request: Request) -> JSONResponse:
+        tail = next(p for p, _ in _OPENAI_PATHS if request.url.path.endswith(p))
+        base = f"{str(request.base_url).rstrip('/')}{prefix}/v1"
+        message = (
+            f"no OpenAI route at {request.url.path}: this server's OpenAI base URL is {base} "
+            f"(e.g. {request.method} {prefix}/v1{tail}); set base_url={base!r} in your client"
+        )
+        log.warning("openai_wrong_prefix", path=request.url.path, expected_base=f"{prefix}/v1")
+        return JSONResponse(status_code=404, content=error_body(message, NotFound.openai_type, None,
+                                                                "wrong_base_url"))  # fmt: skip
+
+    for path in wrong_prefix_paths(prefix):
+        app.add_api_route(path, wrong_prefix, methods=["GET", "POST"], include_in_schema=False)
+
+
+# Response headers a browser client may read (CORS hides all but a few by default).
+EXPOSED_HEADERS = (
+    "x-request-id", MODEL_REVISION_HEADER, "x-semserve-cache", "x-semserve-cache-similarity",
+)
+
+
+def with_cors(app: Any, origins: list[str]) -> Any:
+    """The ASGI app with CORS for `origins` (["*"]: any), or the app unchanged when there are none.
+    Wrap it outside any auth layer: a browser's preflight OPTIONS carries no API key."""
+    if not origins:
+        return app
+    from starlette.middleware.cors import CORSMiddleware
+
+    return CORSMiddleware(
+        app,
+        allow_origins=origins,
+        allow_methods=["GET", "POST", "OPTIONS"],
+        allow_headers=["*"],
+        expose_headers=list(EXPOSED_HEADERS),
+        max_age=600,
     )
