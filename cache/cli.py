@@ -68,6 +68,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     CacheSettings.add_arguments(inspect, only=STORE_SETTINGS)
     inspect.set_defaults(func=_inspect)
 
+    # The scorer's two offline commands live in their own modules; semserve.cli lists this one.
+    from cache import pairgen, train
+
+    train.register(sub)
+    pairs = cs.add_parser("pairs", help="rebuild the labelled pairs from the seeds (data/pairs_*.jsonl)")
+    pairgen.add_arguments(pairs)
+    pairs.set_defaults(func=pairgen.run)
+
 
 async def _with_store(args: argparse.Namespace, op: str) -> Any:
     from cache.store import RedisCacheStore
