@@ -50,6 +50,9 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "Pod": "pods",
     "StatefulSet": "statefulsets",
+    # The predictor's compile cache (manifests/base/compile-cache.yaml): shared by the namespace's
+    # tenants, since vLLM keys what it holds by model and engine configuration.
+    "PersistentVolumeClaim": "persistentvolumeclaims",
     "Deployment": "deployments",
     "NetworkPolicy": "networkpolicies",
     "PodDisruptionBudget": "poddisruptionbudgets",
