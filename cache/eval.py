@@ -370,7 +370,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run every pair through the real SemanticCache on a private, temporary Redis",
     )
-    CacheSettings.add_arguments(parser, only=("max_wrong_rate",))
+    CacheSettings.add_arguments(parser, flag_prefix="cache-", only=("max_wrong_rate",))
     EmbedderSettings.add_arguments(parser)
     VerifierSettings.add_arguments(parser)
 
@@ -393,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
     from cache.settings import CacheSettings
     from cache.verify import RuleVerifier, VerifierSettings
 
-    cache_settings = CacheSettings.from_namespace(args)
+    cache_settings = CacheSettings.from_namespace(args, flag_prefix="cache-")
     verifier_settings = VerifierSettings.from_namespace(args)
     embedder = Embedder(EmbedderSettings.from_namespace(args))
     verifier = RuleVerifier(verifier_settings, max_wrong_rate=cache_settings.max_wrong_rate)

@@ -14,13 +14,15 @@ _ENGLISH = frozenset(
     "the a an is are do does did how what why when where who which can could should will would i my "
     "me you your to of in on for with and or not it this that there be have has was from at by".split()
 )
-# Frequent function words of other Latin-script languages that are not English words.
+# Frequent function words of other Latin-script languages, minus those common in English too
+# ("die", "no", "per", "pour", "con"): two of them, and more than English ones, mark a foreign text.
 _FOREIGN = frozenset(
     """
-    der die das und ist nicht ich wie mein meine kann ein eine mit von zu auf für wo warum wann was
-    le la les et est pas je comment mon ma mes peut un une avec pour où pourquoi quand que qui des du
-    el los las y es no yo cómo como mi mis puedo una con por para dónde donde qué que cuándo del
-    il lo gli è non io mio mia posso con per dove perché quando che di
+    der das und ist nicht ich wie mein meine kann ein eine mit von zu auf für wo warum wann was
+    le la les et est pas je comment mon ma mes peut un une avec où pourquoi quand que qui des du de au
+    aux sur dans
+    el los las y es yo cómo como mi mis puedo una con por para dónde donde qué que cuándo del
+    il lo gli è non io mio mia posso dove perché quando che di
     o os as e é não eu meu minha posso com por para onde quando
     het een en is niet ik hoe mijn kan met van voor waar waarom wanneer wat
     och är inte jag hur min kan med för var varför när vad att
