@@ -26,6 +26,7 @@ from cache.keys import CacheRequest, SamplingParams
 from cache.policy import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
+from semserve.oip import tensors
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 from tests.conftest import Predictor, Transformer, start_transformer
 from transformers_svc.auth import hash_key
@@ -162,8 +163,8 @@ def test_a_key_cannot_claim_b_over_grpc(secured: Transformer) -> None:
         async with grpc.aio.insecure_channel(t.grpc) as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             resp = await stub.ModelInfer(request(q, claim), metadata=md, timeout=60)
-        out = next(o for o in resp.outputs if o.name == "cache_status")
-        return out.contents.bytes_contents[0].decode()
+        # Outputs travel raw, as Triton sends them.
+        return tensors.output_columns(resp)["cache_status"][0].decode()
 
     async def run() -> list[str]:
         return [await call(B_KEY, False), await call(B_KEY, False), await call(A_KEY, True)]

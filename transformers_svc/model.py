@@ -137,12 +137,11 @@ class SemanticCacheTransformer(kserve.Model):
         params: dict[str, Any] = {
             v2.PROMPT_TOKENS: sum(int(o.answer.get("prompt_tokens", 0)) for o in outcomes)
         }
-        sims = [o.similarity for o in outcomes]
-        if len(sims) > 1 or sims[0] is not None:
+        for name, sims in similarity_parameters([(o.status, o.similarity) for o in outcomes]).items():
             value: Any = sims[0] if len(sims) == 1 else json.dumps(sims)
             # Over gRPC the number travels as a string, as it always has (KServe's proto had no
             # double), so that clients of either server read it the same way.
-            params["cache_similarity"] = str(value) if call.protocol == "v2-grpc" else value
+            params[name] = str(value) if call.protocol == "v2-grpc" else value
         return params
 
     async def _one(self, call: _Call, i: int) -> Outcome:
@@ -177,8 +176,8 @@ class SemanticCacheTransformer(kserve.Model):
                     timer.seconds()
                 )
             params: dict[str, Any] = {v2.PROMPT_TOKENS: piece.prompt_tokens}
-            if similarity is not None:
-                params["cache_similarity"] = str(similarity) if call.protocol == "v2-grpc" else similarity
+            for name, [value] in similarity_parameters([(statuses[index], similarity)]).items():
+                params[name] = str(value) if call.protocol == "v2-grpc" else value
             response = v2.piece_response(
                 self.name, call.request_id, size, index,
                 v2.TextResult(piece.text, piece.finish_reason or "", piece.completion_tokens),
@@ -210,6 +209,23 @@ class SemanticCacheTransformer(kserve.Model):
                 yield piece, similarity
         finally:
             await pieces.aclose()  # type: ignore[attr-defined]
+
+
+SERVED = ("exact", "semantic")
+
+
+def similarity_parameters(outcomes: list[tuple[str, float | None]]) -> dict[str, list[float | None]]:
+    """`cache_similarity`: the similarity of the entry served (per prompt; None where none was);
+    `cache_rejected_similarity`: that of the nearest entry the verifier rejected, for misses. Each
+    is present only when some prompt has one."""
+    served = [sim if status in SERVED else None for status, sim in outcomes]
+    rejected = [sim if status == "miss" else None for status, sim in outcomes]
+    out: dict[str, list[float | None]] = {}
+    if any(v is not None for v in served):
+        out["cache_similarity"] = served
+    if any(v is not None for v in rejected):
+        out["cache_rejected_similarity"] = rejected
+    return out
 
 
 def _result(answer: Answer) -> v2.TextResult:

@@ -8,6 +8,7 @@ hits are replayed as SSE chunks.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,14 +22,18 @@ from transformers_svc import metrics
 from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
 from transformers_svc.front import Answer, CacheFront, CacheMode, Outcome, Timer, answer_of
-from transformers_svc.model import replay
+from transformers_svc.model import SERVED, replay
 from transformers_svc.upstream import Piece, PredictorClient, Prompt
 
 
 def _cache_headers(ctx: RequestContext, status: str, similarity: float | None) -> None:
     ctx.response_headers["x-semserve-cache"] = status
-    if similarity is not None:
-        ctx.response_headers["x-semserve-cache-similarity"] = f"{similarity:.4f}"
+    if similarity is None:
+        return
+    # A miss names the similarity of the entry it rejected as such, not as the answer's.
+    served = all(s in SERVED for s in status.split(","))
+    name = "x-semserve-cache-similarity" if served else "x-semserve-cache-rejected-similarity"
+    ctx.response_headers[name] = f"{similarity:.4f}"
 
 
 class TransformerOpenAI:
@@ -37,9 +42,11 @@ class TransformerOpenAI:
         self.front = front
         self.predictor = predictor
         self.name = settings.model_name
+        # OpenAI's `created` of the model card: when this server started serving it.
+        self.created = int(time.time())
 
     def models(self) -> list[oa.OpenAIModelCard]:
-        return [oa.model_card(self.name, 0)]
+        return [oa.model_card(self.name, self.created)]
 
     def _check(self, model: str) -> str:
         tenant = tenant_var.get() or self.settings.tenant
