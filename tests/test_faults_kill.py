@@ -12,6 +12,7 @@ restarting anything else.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -189,6 +190,8 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
             await asyncio.to_thread(restarted.wait_until, http_ready(f"{predictor.http}/v2/health/ready"),
                                     600, "restarted predictor")
             log_line("predictor ready again", t0)
+            # The restarted engine found what the first start compiled (its cache line says so).
+            probes["restart_compile_cache"] = compile_cache_lines(restarted.log_path)[-1]
             probes["recovered"] = await asyncio.to_thread(until_miss_answered, t)
             log_line("a miss is answered through the transformer again", t0)
             await asyncio.sleep(15)  # load on the recovered stack
@@ -210,6 +213,8 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
             assert elapsed < LATENCY_BOUND_MS / 1000, (phase, miss)
         assert probes["exit_code"] is not None and probes["exit_code"] != 0, probes
         assert probes["recovered"] == "miss"
+        assert probes["restart_compile_cache"]["warm"] is True, probes["restart_compile_cache"]
+        assert probes["restart_compile_cache"]["files"] > 0, probes["restart_compile_cache"]
         # Nothing from a failed request was stored: a failed fresh prompt is still a miss. All that
         # were cut mid-stream, and a sample of the rest (each re-ask is a real generation).
         failed = [(s, kind) for s, kind in report.failed if s.op == "miss"]
@@ -223,6 +228,13 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
         assert t.process.proc is not None and t.process.proc.poll() is None
     finally:
         t.process.stop()
+
+
+def compile_cache_lines(log: Path) -> list[dict[str, Any]]:
+    """The predictor's `engine_compile_cache` log lines, one per engine start, oldest first."""
+    lines = [json.loads(x) for x in log.read_text(errors="replace").splitlines()
+             if x.startswith("{") and '"engine_compile_cache"' in x]
+    return [x for x in lines if x.get("event") == "engine_compile_cache"]
 
 
 def ask_again(t: Transformer, s: Sent) -> str:
