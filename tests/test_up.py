@@ -176,3 +176,7 @@ def test_up_restarts_a_killed_redis_and_keeps_serving(predictor: Predictor, tmp_
     assert "==> stopping transformer" in out_path.read_text()
     _gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left running: {alive}"
+    # Stopping `up` stopped only what it started: the predictor it was pointed at still serves.
+    time.sleep(2)
+    assert predictor.process.proc is not None and predictor.process.proc.poll() is None
+    assert httpx.get(f"{predictor.http}/v2/health/ready", timeout=5).status_code == 200
