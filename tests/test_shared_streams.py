@@ -107,3 +107,21 @@ async def test_a_failed_generation_fails_every_listener() -> None:
 
 async def _nothing(_: list[str]) -> None:
     return None
+
+
+async def test_leaving_after_the_last_item_does_not_cancel_and_the_answer_is_stored() -> None:
+    shared: SharedStreams[str] = SharedStreams()
+    source = Source()
+    stored: list[list[str]] = []
+
+    async def store(items: list[str]) -> None:
+        stored.append(items)
+
+    only, _ = shared.listen("k", source.start, store, is_last=lambda item: item == "end")
+    for item in ("a", "end"):
+        await source.gate.put(item)
+    assert [await anext(only), await anext(only)] == ["a", "end"]
+    await only.aclose()  # type: ignore[attr-defined]
+    await source.gate.put(None)  # the source closes a moment after its last item
+    await asyncio.sleep(0.01)
+    assert not source.cancelled and stored == [["a", "end"]]

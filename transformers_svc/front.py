@@ -174,7 +174,7 @@ class CacheFront:
         async def on_complete(pieces: list[Piece]) -> None:
             await self.store(req, mode, answer_of(pieces), vector)
 
-        stream, started = self.streams.listen(key, start, on_complete)
+        stream, started = self.streams.listen(key, start, on_complete, lambda p: p.finish_reason is not None)
         if self.cache is not None:
             if started:
                 self.cache.counters.singleflight_leaders += 1

@@ -26,6 +26,7 @@ class Broadcast(Generic[T]):
         source: AsyncIterator[T],
         on_complete: Callable[[list[T]], Awaitable[None]],
         on_end: Callable[[], None],
+        is_last: Callable[[T], bool] = lambda _: False,
     ) -> None:
         self.items: list[T] = []
         self.done = False
@@ -34,6 +35,7 @@ class Broadcast(Generic[T]):
         self._source = source
         self._on_complete = on_complete
         self._on_end = on_end
+        self._is_last = is_last
         self._changed = asyncio.Event()
         self._task = asyncio.ensure_future(self._pump())
 
@@ -41,6 +43,9 @@ class Broadcast(Generic[T]):
         try:
             async for item in self._source:
                 self.items.append(item)
+                # Done at its last item, not when the source has closed behind it: a listener that
+                # leaves once it has everything must not cancel (and so abort) the generation.
+                self.done = self.done or self._is_last(item)
                 self._notify()
             self.done = True
             self._notify()
@@ -94,14 +99,16 @@ class SharedStreams(Generic[T]):
         key: str,
         start: Callable[[], AsyncIterator[T]],
         on_complete: Callable[[list[T]], Awaitable[None]],
+        is_last: Callable[[T], bool] = lambda _: False,
     ) -> tuple[AsyncIterator[T], bool]:
-        """The stream of `key` from its start, and whether this call started it."""
+        """The stream of `key` from its start, and whether this call started it. `is_last` says
+        which item ends the stream (the source may take a moment more to close)."""
         broadcast = self._running.get(key)
         if broadcast is not None and broadcast.error is None:
             self.joined += 1
             return broadcast.listen(), False
         self.started += 1
-        broadcast = Broadcast(start(), on_complete, lambda: self._forget(key, broadcast))
+        broadcast = Broadcast(start(), on_complete, lambda: self._forget(key, broadcast), is_last)
         self._running[key] = broadcast
         return broadcast.listen(), True
 

@@ -9,6 +9,8 @@ field; unreachable, slow or failing becomes 503.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -160,6 +162,7 @@ class PredictorClient:
             timeout=self.settings.predictor_timeout_s, metadata=self._metadata(request_id, span)
         )
         pieces = 0
+        finished = False
         try:
             try:
                 await call.write(self._request(prompt, options, request_id, stream=True))
@@ -167,16 +170,16 @@ class PredictorClient:
                 async for message in call:
                     if message.error_message:
                         raise _from_stream_error(message)
+                    if finished:
+                        continue  # nothing may follow the final response; read the call to its end
                     piece = _piece(message.infer_response)
-                    final = tensors.plain_parameters(message.infer_response.parameters).get(
+                    finished = bool(tensors.plain_parameters(message.infer_response.parameters).get(
                         v2.FINAL_RESPONSE
-                    )
+                    ))
                     if piece.text or piece.finish_reason:
                         pieces += 1
                         yield piece
-                    if final:
-                        break
-                else:
+                if not finished:
                     raise Unavailable("the predictor's stream ended before its final response")
             except grpc.aio.AioRpcError as err:
                 span.set_attribute("rpc.grpc.status_code", err.code().value[0])
@@ -187,9 +190,28 @@ class PredictorClient:
             tracing.fail(span, exc)
             raise
         finally:
-            call.cancel()  # no-op once finished; aborts the generation when closed early
+            if finished:
+                # The answer is whole; the server ends the call by itself. Cancelling now could
+                # still reach its generation in its last step and count as an abort.
+                _let_finish(call)
+            else:
+                call.cancel()  # the predictor aborts the generation
             span.set_attribute("semserve.stream.pieces", pieces)
             span.end()
+
+
+_FINISHING: set[asyncio.Task[None]] = set()
+
+
+def _let_finish(call: Any) -> None:
+    async def drain() -> None:
+        with contextlib.suppress(Exception):
+            async for _ in call:
+                pass
+
+    task = asyncio.ensure_future(drain())
+    _FINISHING.add(task)  # held until done: a task nobody references may be collected early
+    task.add_done_callback(_FINISHING.discard)
 
 
 def _piece(response: pb.ModelInferResponse) -> Piece:

@@ -148,12 +148,14 @@ class InferenceService:
                 raise ModelNotFound(message.model_name)
             request = tensors.to_infer_request(message)
             finished = False
+            # Read to the end, not up to the final part: breaking out would close the model's
+            # generator in its last step (vLLM counts that as an aborted request).
             async for part in model.infer_stream(request, headers):
+                if finished:
+                    continue
                 finished = part.final
                 await out.put(self._response(message, tensors.to_wire_response(part.response),
                                              final=part.final and not empty_final))
-                if finished:
-                    break
             if empty_final or not finished:
                 await out.put(self._response(message, pb.ModelInferResponse(), final=True))
         except asyncio.CancelledError:
