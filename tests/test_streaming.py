@@ -258,3 +258,24 @@ def test_predictor_lost_mid_stream_is_an_error_event_and_nothing_is_stored(
     finally:
         proxy.stop()
         t.process.stop()
+
+
+def test_a_streamed_batch_fills_each_prompt_at_its_index(target: Predictor | Transformer) -> None:
+    prompts = [f"Note {uuid.uuid4().hex[:6]}. The capital of Italy is",
+               f"Note {uuid.uuid4().hex[:6]}. The capital of Spain is"]
+    body = {"text_input": prompts, "parameters": {"max_tokens": 8, "temperature": 0}}
+    events = []
+    with httpx.stream("POST", f"{target.http}/v2/models/llm/generate_stream", json=body, timeout=120) as s:
+        assert s.status_code == 200
+        for line in s.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    texts = ["", ""]
+    finished = [None, None]
+    for event in events:
+        assert len(event["text_output"]) == 2 and sum(bool(t) for t in event["text_output"]) <= 1
+        for i in range(2):
+            texts[i] += event["text_output"][i]
+            finished[i] = event["finish_reason"][i] or finished[i]
+    assert texts[0].strip() and texts[1].strip()
+    assert all(f in ("stop", "length") for f in finished)
