@@ -422,7 +422,8 @@ def run(args: argparse.Namespace) -> int:
             reports.append(dataclasses.replace(rules, name="rules-only"))
         reports += [evaluate_threshold(pairs, sims, t) for t in BASELINE_THRESHOLDS]
         if args.through_cache:
-            reports.append(_run_through_private_redis(pairs, embedder, verifier, knn_floor))
+            budget = cache_settings.max_wrong_rate
+            reports.append(_run_through_private_redis(pairs, embedder, verifier, knn_floor, budget))
         ok = ok and main.meets_goal
         doc["splits"][name] = {r.name: r.as_dict(with_outcomes=args.outcomes and r is main) for r in reports}
         text.append(format_reports(f"{name}: {path.name} ({len(pairs)} pairs)", reports))
@@ -468,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_through_private_redis(
-    pairs: Sequence[Pair], embedder: Any, verifier: Verifier, knn_floor: float
+    pairs: Sequence[Pair], embedder: Any, verifier: Verifier, knn_floor: float, max_wrong_rate: float = 0.01
 ) -> Report:
     """Start a throw-away Redis (the bundled server), run evaluate_through_cache, stop it."""
     import tempfile
@@ -486,6 +487,7 @@ def _run_through_private_redis(
                 redis_url=server.url,
                 deployment="eval",
                 min_similarity=knn_floor,
+                max_wrong_rate=max_wrong_rate,  # the cache hands it to the verifier: keep eval's
                 lookup_timeout_ms=5000.0,  # a shared, loaded machine must not turn lookups into errors
                 store_timeout_ms=5000.0,
             )
