@@ -65,6 +65,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     soak.add_argument("--output", default=None, help="append the summary to this file")
     soak.set_defaults(func=_soak)
 
+    stream = bench_sub.add_parser(
+        "stream",
+        help="streaming TTFT and inter-token latency of a miss through the transformer (gRPC hop) vs "
+        "the predictor's OpenAI route direct and vLLM's own server",
+    )
+    stream.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
+    stream.add_argument("--requests", default="16,32,64",
+                        help="requests per level and target: one per level or one for all (0: 4 x c, min 8)")
+    stream.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
+    stream.add_argument("--model", default=None, help="HF model dir (default: the prepared SmolLM2)")
+    stream.add_argument("--skip-vllm", action="store_true", help="no vLLM server part")
+    stream.add_argument("--seed", type=int, default=0, help="random seed (miss prompts)")
+    stream.add_argument("--output", default=None, help="append the markdown section to this file")
+    stream.set_defaults(func=_stream)
+
     from bench import coldstart
 
     cold = bench_sub.add_parser(
@@ -93,6 +108,12 @@ def _predictor(args: argparse.Namespace) -> int:
 
 def _cache(args: argparse.Namespace) -> int:
     from bench.cache import main
+
+    return main(args)
+
+
+def _stream(args: argparse.Namespace) -> int:
+    from bench.stream import main
 
     return main(args)
 

@@ -21,3 +21,32 @@ def test_bench_cache_module_imports() -> None:
 
     assert bench.cache.GOAL_SEMANTIC_P50_MS == 5.0
     assert bench.redisvl_peer.DEFAULT_DISTANCE_THRESHOLD == 0.1
+
+
+def test_bench_stream_help_parses() -> None:
+    r = subprocess.run([sys.executable, "-m", "semserve", "bench", "stream", "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--requests" in r.stdout and "--skip-vllm" in r.stdout
+
+
+def test_bench_stream_levels_and_ratios() -> None:
+    from bench.stream import Sample, make_plan, parse_levels, ratios, sample_of, summarize, waves
+
+    assert parse_levels("1,8,32", "16,32,64") == ([1, 8, 32], [16, 32, 64])
+    assert parse_levels("1,8", "0") == ([1, 8], [8, 32])  # 0: 4 x concurrency, at least 8
+    plan = make_plan([1, 8], [4, 16], seed=0)
+    prompts = plan.transformer[8] + plan.direct[8] + plan.transformer[1] + plan.direct[1]
+    assert len(set(prompts)) == len(prompts) == 40  # every request a new prompt: a real miss
+    assert [len(w) for w in waves(plan.direct[8], 8)] == [8, 8]
+
+    # 5 tokens in 3 chunks: TTFT to the first content chunk, ITL per token after the first.
+    s = sample_of(10.0, [10.1, 10.2, 10.5], tokens=5)
+    assert abs(s.ttft_ms - 100.0) < 1e-6 and abs(s.itl_ms - 100.0) < 1e-6 and s.chunks == 3
+
+    ours = summarize([Sample(110.0, 21.0, 64, 64)])
+    ref = summarize([Sample(100.0, 20.0, 64, 64)])
+    r = ratios(ours, ref)
+    assert abs(r.ttft_p50 - 1.10) < 1e-9 and abs(r.ttft_added_ms - 10.0) < 1e-9
+    assert abs(r.itl_p50 - 1.05) < 1e-9 and r.meets_goals
+    assert not ratios(summarize([Sample(111.0, 20.0, 64, 64)]), ref).meets_goals
