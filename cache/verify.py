@@ -1,5 +1,11 @@
 """The verification step: may the answer cached for `candidate` be served for `query`?
 
+Two modes (VerifierSettings.mode). "scorer", the default: the rules below become features of a
+learned pair scorer (cache.pairfeatures, cache.scorer), which decides at the threshold the error
+budget (CacheSettings.max_wrong_rate) picks from its calibration curve; `hard_rules` still veto on
+their own, and text that is not English fails closed (cache.language). "rules": the rules alone,
+as described here.
+
 Embedding cosine alone serves wrong answers on look-alike prompts ("cancel" vs "don't cancel",
 "Paris to Rome" vs "Rome to Paris", "3 tablets" vs "30 tablets", "all users" vs "admin users",
 "increase" vs "decrease", "how" vs "why"). So after a similarity floor, cheap, explainable rules run on
