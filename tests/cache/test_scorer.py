@@ -261,3 +261,30 @@ def test_eval_cli_prints_categories_and_plots(tmp_path: Path, capsys: pytest.Cap
     assert "per category" in out and "negation" in out and "paraphrase" in out
     assert "rules-only" in out and "cosine>=0.90" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _HashEmbedder:
+    """Deterministic stand-in: bag of hashed words, unit length (no model, so training is quick)."""
+
+    def embed_many(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), 64), dtype=np.float32)
+        for i, t in enumerate(texts):
+            for w in t.lower().split():
+                out[i, hash(w) % 64] += 1.0
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+
+def test_train_writes_a_loadable_calibrated_scorer(tmp_path: Path) -> None:
+    from cache.train import train
+
+    pairs = load_pairs(SPLITS["train"])[:300]
+    calib = load_pairs(SPLITS["calib"])[:120]
+    doc = train(pairs, calib, _HashEmbedder(), {"note": "test"})
+    path = tmp_path / "scorer.json"
+    path.write_text(json.dumps(doc))
+    s = PairScorer.load(path)
+    assert s.n_trees > 0 and s.calibration and s.meta["n_train"] == 300
+    x, _ = pair_features("How do I reset my PIN?", "How can I reset my PIN?", 0.95)
+    assert 0.0 <= s.probability(x) <= 1.0
+    v = RuleVerifier(VerifierSettings(scorer_path=path), max_wrong_rate=0.01)
+    assert v.scorer is not None and v.threshold == s.threshold_for(0.01).threshold
