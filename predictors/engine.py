@@ -323,13 +323,13 @@ class Engine:
         )
 
     async def generate_many(
-        self, prepared: list[Prepared], request_id: str, protocol: str
+        self, prepared: list[Prepared], request_id: str, protocol: str, operation: str = "text_completion"
     ) -> list[Generated]:
         # A TaskGroup cancels (and so aborts) the siblings if one generation fails.
         try:
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self.generate(p, f"{request_id}-{i}", protocol)) for i, p in
-                         enumerate(prepared)]
+                tasks = [tg.create_task(self.generate(p, f"{request_id}-{i}", protocol, operation))
+                         for i, p in enumerate(prepared)]
         except ExceptionGroup as group:
             # The first failure as itself: callers map BadRequest/Unavailable to 400/503, and an
             # ExceptionGroup would reach KServe as a 500 (gRPC INTERNAL).

@@ -58,18 +58,19 @@ class VLLMPredictor(kserve.Model):
         if not isinstance(payload, InferRequest):
             raise InvalidInput("this model speaks the v2 protocol: POST /v2/models/{name}/infer")
         try:
-            _, prepared = await self._prepare(payload)
-            return await self._whole(payload, headers, prepared)
+            request, prepared = await self._prepare(payload)
+            return await self._whole(payload, headers, request, prepared)
         except BadRequest as exc:
             raise InvalidInput400(exc.message, exc.field) from None
         except Unavailable as exc:
             raise Unavailable503(exc.message) from None
 
     async def _whole(
-        self, payload: InferRequest, headers: dict[str, str] | None, prepared: list[Prepared]
+        self, payload: InferRequest, headers: dict[str, str] | None, request: v2.TextRequest,
+        prepared: list[Prepared],
     ) -> InferResponse:
         request_id = self._request_id(payload, headers)
-        results = await self.llm.generate_many(prepared, request_id, _protocol(payload))
+        results = await self.llm.generate_many(prepared, request_id, _protocol(payload), _operation(request))
         return v2.build_response(
             self.name,
             request_id,
@@ -88,13 +89,14 @@ class VLLMPredictor(kserve.Model):
         request, prepared = await self._prepare(payload)
         request_id = self._request_id(payload, headers)
         if not request.stream:
-            yield v2.StreamPart(await self._whole(payload, headers, prepared), final=True)
+            yield v2.StreamPart(await self._whole(payload, headers, request, prepared), final=True)
             return
         size = len(prepared)
         params = self._parameters(sum(len(p.token_ids) for p in prepared))
         unfinished = size
         streams = [
-            self.llm.stream(p, f"{request_id}-{i}" if size > 1 else request_id, _protocol(payload))
+            self.llm.stream(p, f"{request_id}-{i}" if size > 1 else request_id, _protocol(payload),
+                            _operation(request))
             for i, p in enumerate(prepared)
         ]
         async for index, delta in merge_streams(streams):
@@ -130,6 +132,11 @@ class VLLMPredictor(kserve.Model):
         if self.settings.model_revision:
             params[v2.MODEL_REVISION] = self.settings.model_revision
         return params
+
+
+def _operation(request: v2.TextRequest) -> str:
+    # GenAI semantic conventions' operation name, on the generation span.
+    return "chat" if request.chats else "text_completion"
 
 
 def _protocol(payload: InferRequest) -> str:

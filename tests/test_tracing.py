@@ -214,7 +214,7 @@ def chat(t: Transformer, content: str, tp: str) -> httpx.Response:
                       headers={**AUTH, "traceparent": tp}, timeout=120)
 
 
-def test_openai_miss_over_http_and_semantic_hit(traced: Transformer, predictor: Predictor) -> None:
+def test_openai_miss_over_grpc_and_semantic_hit(traced: Transformer, predictor: Predictor) -> None:
     topic = uuid.uuid4().hex[:6]
     tp, trace_id, parent = traceparent()
     r = chat(traced, f"How do I reset my password for the portal {topic}?", tp)
@@ -224,17 +224,17 @@ def test_openai_miss_over_http_and_semantic_hit(traced: Transformer, predictor: 
         ("POST /openai/v1/chat/completions", [
             ("semserve.auth", []),
             ("semserve.cache.lookup", LOOKUP_MISS),
-            # The HTTP hop: traceparent in the request headers.
-            ("POST", [("POST /openai/v1/chat/completions", [
+            # The gRPC hop (the chat prompt in the `chat` input): traceparent in the metadata.
+            (MODEL_INFER, [(MODEL_INFER, [
                 ("chat llm", [("vllm.queue", []), ("vllm.prefill", []), ("vllm.decode", [])])])]),
             ("semserve.cache.store", [("EVALSHA", [])]),
         ])
     ]
     check_timing(spans)
-    up = by_name(spans, "POST")
-    assert up["kind"] == "CLIENT" and up["attributes"]["http.response.status_code"] == 200
-    assert up["attributes"]["url.full"].endswith("/openai/v1/chat/completions")
-    served = by_name(spans, "POST /openai/v1/chat/completions", "semserve-predictor")
+    up = by_name(spans, MODEL_INFER, "semserve-transformer")
+    assert up["kind"] == "CLIENT" and up["attributes"]["rpc.grpc.status_code"] == 0
+    assert up["attributes"]["semserve.prompt_kind"] == "chat"
+    served = by_name(spans, MODEL_INFER, "semserve-predictor")
     assert served["parent_id"] == up["span_id"]
 
     tp2, trace2, parent2 = traceparent()

@@ -160,13 +160,13 @@ class TransformerOpenAI:
             opening = chunks.start()
             if opening is not None:
                 yield opening
+            # To the end of `pieces`, which comes once the answer is stored (so that a request that
+            # follows finds it), not just to the piece with the finish reason.
             piece = first if first is not None else await anext(pieces, None)
             while piece is not None:
                 seen.append(piece)
                 for chunk in chunks.piece(piece):
                     yield chunk
-                if piece.finish_reason:
-                    break
                 piece = await anext(pieces, None)
         finally:
             await pieces.aclose()  # type: ignore[attr-defined]

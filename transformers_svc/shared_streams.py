@@ -37,6 +37,7 @@ class Broadcast(Generic[T]):
         self._on_end = on_end
         self._is_last = is_last
         self._changed = asyncio.Event()
+        self._settled = asyncio.Event()  # the source has closed and on_complete has run (or failed)
         self._task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
@@ -59,6 +60,7 @@ class Broadcast(Generic[T]):
         finally:
             with contextlib.suppress(Exception):
                 await self._source.aclose()  # type: ignore[attr-defined]
+            self._settled.set()
             self._notify()
             self._on_end()
 
@@ -75,6 +77,9 @@ class Broadcast(Generic[T]):
                     seen += 1
                     yield self.items[seen - 1]
                 if self.done:
+                    # The end once the answer is stored: a request that follows this one then
+                    # finds it in the cache.
+                    await self._settled.wait()
                     return
                 if self.error is not None:
                     raise self.error
