@@ -66,6 +66,6 @@ class CacheSettings(Settings):
     max_wrong_rate: float = setting(
         0.01,
         "Error budget of semantic hits: the verifier's scorer serves at the threshold whose share of "
-        "look-alikes served on the calibration pairs is at most this (0.01 = 1 %). Lower: fewer wrong "
+        "look-alikes served on the calibration pairs is at most this (0.01 = 1 percent). Lower: fewer wrong "
         "answers and fewer hits. See `semserve cache eval` and README 'Choosing the error budget'.",
     )

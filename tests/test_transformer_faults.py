@@ -69,11 +69,9 @@ def test_redis_killed_then_restarted(predictor: Predictor, tmp_path: Path) -> No
 
 def test_predictor_down_hits_served_misses_503(predictor: Predictor, redis_url: str) -> None:
     grpc_port = int(predictor.grpc.rsplit(":", 1)[1])
-    http_port = int(predictor.http.rsplit(":", 1)[1])
-    grpc_proxy, http_proxy = TcpProxy(grpc_port).start(), TcpProxy(http_port).start()
+    grpc_proxy = TcpProxy(grpc_port).start()
     t = start_transformer(
-        "predictor-fault", f"127.0.0.1:{grpc_proxy.port}", f"http://127.0.0.1:{http_proxy.port}",
-        redis_url, "--predictor-timeout-s", "10",
+        "predictor-fault", f"127.0.0.1:{grpc_proxy.port}", redis_url, "--predictor-timeout-s", "10",
     )
     url = f"{t.http}/v2/models/llm/infer"
     chat_url = f"{t.openai_base}/chat/completions"
@@ -84,7 +82,6 @@ def test_predictor_down_hits_served_misses_503(predictor: Predictor, redis_url: 
         assert status(httpx.post(url, json=v2_body(q), timeout=60)) == "miss"
         assert httpx.post(chat_url, json=chat_body, timeout=60).status_code == 200
         grpc_proxy.stop()
-        http_proxy.stop()
         # Hits are still served with the predictor gone ...
         assert status(httpx.post(url, json=v2_body(q), timeout=60)) == "exact"
         hit = httpx.post(chat_url, json=chat_body, timeout=60)
@@ -118,7 +115,6 @@ def test_predictor_down_hits_served_misses_503(predictor: Predictor, redis_url: 
         assert asyncio.run(grpc_miss()) == grpc.StatusCode.UNAVAILABLE
         # Nothing wrong was stored: after recovery the failed prompt is a miss that succeeds.
         grpc_proxy = TcpProxy(grpc_port, grpc_proxy.port).start()
-        http_proxy = TcpProxy(http_port, http_proxy.port).start()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             r = httpx.post(url, json=v2_body(other), timeout=60)
@@ -129,7 +125,6 @@ def test_predictor_down_hits_served_misses_503(predictor: Predictor, redis_url: 
     finally:
         t.process.stop()
         grpc_proxy.stop()
-        http_proxy.stop()
 
 
 @pytest.fixture(scope="module")
