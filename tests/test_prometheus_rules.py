@@ -28,7 +28,8 @@ def _lookups(ns: str, result: str, values: str) -> dict[str, str]:
 
 
 _REDIS_ERRORS = 'semserve_cache_redis_errors_total{{namespace="{ns}",model_name="llm"}}'
-_WAITING = 'vllm:num_requests_waiting{{namespace="{ns}",model_name="llm",pod="p"}}'
+# hot as Prometheus 2.x stores vLLM's gauge (OpenMetrics scrape: `vllm_`), cold as vLLM names it.
+_WAITING = '{name}{{namespace="{ns}",model_name="llm",pod="p"}}'
 
 # alert -> (interval, eval time, input series, labels of the alert that fires in "hot").
 CASES: dict[str, tuple[str, str, list[dict[str, str]], dict[str, str]]] = {
@@ -86,8 +87,8 @@ CASES: dict[str, tuple[str, str, list[dict[str, str]], dict[str, str]]] = {
     "SemservePredictorQueueing": (
         "1m", "15m",
         [
-            {"series": _WAITING.format(ns="hot"), "values": "12x20"},
-            {"series": _WAITING.format(ns="cold"), "values": "3x20"},
+            {"series": _WAITING.format(name="vllm_num_requests_waiting", ns="hot"), "values": "12x20"},
+            {"series": _WAITING.format(name="vllm:num_requests_waiting", ns="cold"), "values": "3x20"},
         ],
         {"namespace": "hot", "severity": "warning"},
     ),
