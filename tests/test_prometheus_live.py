@@ -122,6 +122,10 @@ def test_every_dashboard_query_returns_data(
     _load(predictor, transformer)
     queries = dashboard_queries(NAMESPACE)
     assert len(queries) >= 15
+    # A labelled series is born at its first observation, and its first sample is no increase to
+    # rate(): a second round, after a scrape, is what a stack under steady traffic looks like.
+    time.sleep(3 * SCRAPE_S)
+    _load(predictor, transformer)
     empty: list[str] = []
     deadline = time.monotonic() + 40
     while True:
@@ -134,7 +138,12 @@ def test_every_dashboard_query_returns_data(
         for line in httpx.get(f"{predictor.http}/metrics", timeout=30).text.splitlines()
         if line.startswith("vllm:")
     })  # fmt: skip
-    missing = "\n".join(empty)
+    counts = [
+        line for line in httpx.get(f"{transformer.http}/metrics", timeout=30).text.splitlines()
+        if line.startswith("semserve_transformer_request_duration_seconds_count")
+    ]  # fmt: skip
+    stored = _query(prometheus, "semserve_transformer_request_duration_seconds_count[1m]")
+    missing = "\n".join(empty) + f"\ntransformer: {counts}\nprometheus: {stored}"
     assert not empty, f"dashboard queries without data:\n{missing}\npredictor's vllm:* {exported}"
 
 
