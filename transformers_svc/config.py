@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from semserve.config import Settings, setting
+from semserve.config import OpenAIRouteSettings, setting
 
 
 @dataclass
-class TransformerSettings(Settings):
+class TransformerSettings(OpenAIRouteSettings):
     ENV_PREFIX: ClassVar[str] = "SEMSERVE_TRANSFORMER_"
 
     model_name: str = setting("llm", "Model name served; must equal the predictor's (KServe sets it).")

@@ -14,7 +14,7 @@ from cache.store import RedisCacheStore
 from cache.verify import RuleVerifier, VerifierSettings
 from semserve import logs, tracing
 from semserve.generate_routes import register_generate_routes
-from semserve.openai_routes import register_openai_routes
+from semserve.openai_routes import register_openai_routes, with_cors
 from semserve.serving import SemserveModelServer
 from transformers_svc import audit, metrics
 from transformers_svc.admin import register_admin_routes
@@ -81,12 +81,13 @@ def run(
     model.start_engine = start_cache  # type: ignore[method-assign]
 
     def setup(app: FastAPI) -> None:
-        register_openai_routes(app, openai)
+        register_openai_routes(app, openai, prefix=settings.openai_route_prefix)
         register_generate_routes(app, model)
         register_admin_routes(app, cache, auth)
 
     def wrap(app: Any) -> Any:
-        return HttpAuth(app, auth) if auth.enabled else app
+        # CORS outside auth: a browser's preflight request carries no API key.
+        return with_cors(HttpAuth(app, auth) if auth.enabled else app, settings.cors_origins)
 
     server = SemserveModelServer(
         host=settings.host,

@@ -144,7 +144,7 @@ class PredictorClient:
             span.set_attribute("rpc.grpc.status_code", 0)
             piece = _piece(response)
         except ServingError as exc:
-            metrics.PREDICTOR_CALLS.labels(self.model, "grpc", type(exc).__name__).inc()
+            metrics.PREDICTOR_CALLS.labels(self.model, "grpc", metrics.outcome_of(exc)).inc()
             tracing.fail(span, exc)
             raise
         finally:
@@ -186,7 +186,7 @@ class PredictorClient:
                 raise _from_grpc(err) from None
             metrics.PREDICTOR_CALLS.labels(self.model, "grpc-stream", "ok").inc()
         except ServingError as exc:
-            metrics.PREDICTOR_CALLS.labels(self.model, "grpc-stream", type(exc).__name__).inc()
+            metrics.PREDICTOR_CALLS.labels(self.model, "grpc-stream", metrics.outcome_of(exc)).inc()
             tracing.fail(span, exc)
             raise
         finally:
