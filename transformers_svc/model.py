@@ -27,7 +27,7 @@ from semserve.streams import merge_streams
 from transformers_svc import metrics
 from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import Answer, CacheFront, CacheMode, Outcome, Timer, answer_of, with_revision
+from transformers_svc.front import Answer, CacheFront, CacheMode, Outcome, Timer, answer_of
 from transformers_svc.upstream import Piece, PredictorClient, Prompt
 
 CACHE_STATUS = "cache_status"
@@ -234,5 +234,3 @@ def _result(answer: Answer) -> v2.TextResult:
         int(answer.get("prompt_tokens", 0)),
     )
 
-
-__all__ = ["CACHE_STATUS", "SemanticCacheTransformer", "replay", "with_revision"]
