@@ -131,9 +131,12 @@ def components(args: argparse.Namespace) -> list[Component]:
 
 def _banner(args: argparse.Namespace, sup: Supervisor) -> str:
     http = args.transformer_http_port
+    # A system prompt of our own: without one the model's template adds a default that makes this
+    # small model wander (README, "Try it").
     body = (
-        '{"model":"llm","temperature":0,'
-        '"messages":[{"role":"user","content":"What is the capital of France?"}]}'
+        '{"model":"llm","temperature":0,"max_tokens":32,"messages":['
+        '{"role":"system","content":"You answer in one short sentence."},'
+        '{"role":"user","content":"What is the capital of France?"}]}'
     )
     return f"""
 semserve is up.
