@@ -17,6 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from semserve import loadbalancer
+from semserve.loadbalancer import Backend, Frontend
 from semserve.supervise import Component, StartFailed, Supervisor
 
 COMPONENTS = ("redis", "predictor", "transformer")
@@ -46,6 +48,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--transformer-grpc-port", type=int, default=8081,
         help="transformer gRPC port (default %(default)s)",
+    )
+    parser.add_argument(
+        "--transformers", type=int, default=1, metavar="N",
+        help="transformer replicas (default %(default)s); more than one run behind nginx (round robin, "
+        "HTTP and gRPC) on the transformer ports above, as replicas run behind a Service in prod",
+    )
+    parser.add_argument(
+        "--replica-base-port", type=int, default=8100,
+        help="with --transformers N > 1: replica i (from 0) listens on HTTP base+2i and gRPC "
+        "base+2i+1 (default %(default)s)",
     )
     parser.add_argument(
         "--ready-timeout-s", type=float, default=600,
@@ -115,18 +127,51 @@ def components(args: argparse.Namespace) -> list[Component]:
             [args.predictor_http_port, args.predictor_grpc_port],
             lambda: _http_ready(f"http://127.0.0.1:{args.predictor_http_port}/v2/health/ready"),
         ),
-        Component(
-            "transformer",
-            [py, "-m", "semserve", "transformer",
-             "--http-port", str(args.transformer_http_port),
-             "--grpc-port", str(args.transformer_grpc_port),
-             "--predictor-host", f"127.0.0.1:{args.predictor_grpc_port}",
-             "--cache-redis-url", f"redis://127.0.0.1:{args.redis_port}/0"],
-            [args.transformer_http_port, args.transformer_grpc_port],
-            lambda: _http_ready(f"http://127.0.0.1:{args.transformer_http_port}/v2/health/ready"),
-        ),
+        *_transformers(args),
     ]  # fmt: skip
     return [c for c in every if c.name not in args.without]
+
+
+def replica_backends(args: argparse.Namespace) -> list[Backend]:
+    """The ports of each transformer replica: the usual ones for a single transformer; behind the
+    load balancer, consecutive pairs from --replica-base-port."""
+    if args.transformers <= 1:
+        return [Backend(args.transformer_http_port, args.transformer_grpc_port)]
+    base = args.replica_base_port
+    return [Backend(base + 2 * i, base + 2 * i + 1) for i in range(args.transformers)]
+
+
+def _transformers(args: argparse.Namespace) -> list[Component]:
+    if "transformer" in args.without:
+        return []
+    py = sys.executable
+    backends = replica_backends(args)
+    replicas = [
+        Component(
+            "transformer" if len(backends) == 1 else f"transformer-{i}",
+            [py, "-m", "semserve", "transformer",
+             "--http-port", str(b.http_port),
+             "--grpc-port", str(b.grpc_port),
+             "--predictor-host", f"127.0.0.1:{args.predictor_grpc_port}",
+             "--cache-redis-url", f"redis://127.0.0.1:{args.redis_port}/0"],
+            [b.http_port, b.grpc_port],
+            # Default arguments bind this replica's port, not the loop's last one.
+            lambda port=b.http_port: _http_ready(f"http://127.0.0.1:{port}/v2/health/ready"),
+        )
+        for i, b in enumerate(backends)
+    ]  # fmt: skip
+    if len(backends) == 1:
+        return replicas
+    front = Frontend(args.transformer_http_port, args.transformer_grpc_port, args.log_dir / "nginx")
+    argv = loadbalancer.prepare(front, backends)
+    lb = Component(
+        "loadbalancer",
+        argv,
+        [front.http_port, front.grpc_port],
+        # Ready once it answers for a ready replica; a replica that is not ready yet answers 503.
+        lambda: _http_ready(f"http://127.0.0.1:{front.http_port}/v2/health/live"),
+    )
+    return [*replicas, lb]
 
 
 def _banner(args: argparse.Namespace, sup: Supervisor) -> str:
@@ -140,7 +185,8 @@ def _banner(args: argparse.Namespace, sup: Supervisor) -> str:
     )
     return f"""
 semserve is up.
-  transformer  v2 REST + OpenAI  http://127.0.0.1:{http}    v2 gRPC 127.0.0.1:{args.transformer_grpc_port}
+  transformer  v2 REST + OpenAI  http://127.0.0.1:{http}    \
+v2 gRPC 127.0.0.1:{args.transformer_grpc_port}{_replicas_line(args)}
   predictor    v2 REST + OpenAI  http://127.0.0.1:{args.predictor_http_port}    \
 v2 gRPC 127.0.0.1:{args.predictor_grpc_port}
   redis        redis://127.0.0.1:{args.redis_port}
@@ -154,6 +200,16 @@ Try (twice: the second answer comes from the cache, see x-semserve-cache):
 A component that exits is restarted; Ctrl-C stops everything."""
 
 
+def _replicas_line(args: argparse.Namespace) -> str:
+    if args.transformers <= 1:
+        return ""
+    ports = ", ".join(str(b.http_port) for b in replica_backends(args))
+    return (
+        f"\n               ({args.transformers} replicas behind nginx, round robin; "
+        f"replica HTTP ports {ports})"
+    )
+
+
 def _status_line(sup: Supervisor) -> str:
     parts = []
     for st in sup.statuses():
@@ -163,7 +219,15 @@ def _status_line(sup: Supervisor) -> str:
 
 
 def _up(args: argparse.Namespace) -> int:
-    comps = components(args)
+    if args.transformers < 1:
+        print("semserve up: --transformers must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        comps = components(args)
+    except loadbalancer.NginxMissing as exc:
+        print(f"semserve up: --transformers {args.transformers} needs a load balancer: {exc}",
+              file=sys.stderr)
+        return 1
     for comp in comps:
         for port in comp.ports:
             if not port_free(port):
