@@ -11,7 +11,7 @@ MODEL_STAMP := .cache/models/SmolLM2-135M-Instruct/semserve-manifest.json
 EXTRAS ?= cpu,transformer,export,local,dev,bench
 PYTEST_ARGS ?=
 
-.PHONY: setup model run test lint bench clean prometheus-tools
+.PHONY: setup model run test lint bench clean prometheus-tools nginx
 
 setup: $(STAMP)
 
@@ -34,8 +34,12 @@ model: setup
 	@echo "==> exporting the embedder to ONNX (cached after the first run)"
 	@$(PY) -m semserve embedder prepare >/dev/null
 
+# `make run TRANSFORMERS=3`: three transformer replicas behind nginx (installed on demand).
+TRANSFORMERS ?= 1
+
 run: model
-	@$(PY) -m semserve up
+	@if [ "$(TRANSFORMERS)" -gt 1 ]; then $(MAKE) --no-print-directory nginx; fi
+	@$(PY) -m semserve up --transformers $(TRANSFORMERS)
 
 # Debian's prometheus package: promtool and a real Prometheus for tests/test_prometheus_*.py.
 # Installed once (as root, or through sudo); skipped when both binaries are already on PATH.
@@ -47,7 +51,16 @@ prometheus-tools:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	fi
 
-test: model prometheus-tools
+# Debian's nginx: the load balancer of `semserve up --transformers N` and tests/test_replicas.py.
+nginx:
+	@if ! command -v nginx >/dev/null && ! test -x /usr/sbin/nginx; then \
+	  echo "==> installing Debian's nginx (load balancer for transformer replicas)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends nginx >/dev/null; \
+	fi
+
+test: model prometheus-tools nginx
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup
