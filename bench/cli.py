@@ -90,6 +90,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     coldstart.add_arguments(cold)
     cold.set_defaults(func=_coldstart)
 
+    from bench import scale
+
+    scale_p = bench_sub.add_parser(
+        "scale",
+        help="lookup latency (exact, KNN; in process and through the transformer), bytes per entry "
+        "and index build time at N synthetic entries over T tenants",
+    )
+    scale.add_arguments(scale_p)
+    scale_p.set_defaults(func=_scale)
+
     from bench import determinism
 
     det = bench_sub.add_parser(
@@ -126,6 +136,12 @@ def _soak(args: argparse.Namespace) -> int:
 
 def _coldstart(args: argparse.Namespace) -> int:
     from bench.coldstart import main
+
+    return main(args)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from bench.scale import main
 
     return main(args)
 
