@@ -13,7 +13,8 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-from cache.embedder import BACKENDS, Embedder, EmbedderSettings
+from cache.embedder import Embedder
+from cache.settings import BACKENDS, EmbedderSettings
 
 PROMPTS = [
     "How do I reset my password?",

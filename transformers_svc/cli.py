@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cache.settings import CacheSettings
+from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
 from semserve.tracing import TracingSettings
 from transformers_svc.config import TransformerSettings
 
@@ -15,10 +15,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("transformer", help="run the semantic-cache transformer (KServe v2 + OpenAI)")
     TransformerSettings.add_arguments(parser)
     CacheSettings.add_arguments(parser, flag_prefix=PREFIXES["cache"])
-    # The embedder and verifier modules import torch lazily, so naming their settings here is cheap.
-    from cache.embedder import EmbedderSettings
-    from cache.verify import VerifierSettings
-
     EmbedderSettings.add_arguments(parser, flag_prefix=PREFIXES["embed"])
     VerifierSettings.add_arguments(parser, flag_prefix=PREFIXES["verify"])
     TracingSettings.add_arguments(parser, flag_prefix=PREFIXES["trace"])
@@ -27,8 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from cache.embedder import EmbedderSettings
-    from cache.verify import VerifierSettings
     from transformers_svc.server import run
 
     run(

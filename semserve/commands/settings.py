@@ -14,8 +14,8 @@ TABLES = [
     ("Predictor", "predictors.config", "PredictorSettings", ""),
     ("Transformer", "transformers_svc.config", "TransformerSettings", ""),
     ("Cache (Redis, policy)", "cache.settings", "CacheSettings", "cache-"),
-    ("Embedder", "cache.embedder", "EmbedderSettings", "embed-"),
-    ("Verifier", "cache.verify", "VerifierSettings", "verify-"),
+    ("Embedder", "cache.settings", "EmbedderSettings", "embed-"),
+    ("Verifier", "cache.settings", "VerifierSettings", "verify-"),
     ("Tracing (predictor and transformer)", "semserve.tracing", "TracingSettings", "trace-"),
 ]
 
