@@ -7,11 +7,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from cache.embedder import Embedder, EmbedderSettings
+from cache.embedder import Embedder
 from cache.policy import SemanticCache
-from cache.settings import CacheSettings
+from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
 from cache.store import RedisCacheStore
-from cache.verify import RuleVerifier, VerifierSettings
+from cache.verify import RuleVerifier
 from semserve import logs, tracing
 from semserve.generate_routes import register_generate_routes
 from semserve.openai_routes import register_openai_routes, with_cors
@@ -35,7 +35,8 @@ def build_cache(cache_settings: CacheSettings, embed_settings: EmbedderSettings,
         return None
     embedder = Embedder(embed_settings)
     store = RedisCacheStore.from_settings(cache_settings)
-    return SemanticCache(store, embedder, RuleVerifier(verify_settings), cache_settings)
+    verifier = RuleVerifier(verify_settings, min_similarity=cache_settings.min_similarity)
+    return SemanticCache(store, embedder, verifier, cache_settings)
 
 
 def run(
