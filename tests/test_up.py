@@ -3,6 +3,7 @@ restarted while the others keep serving, and only SIGTERM/Ctrl-C stops everythin
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -16,7 +17,8 @@ import httpx
 import psutil
 import pytest
 
-from semserve.commands.up import port_free
+from semserve.commands.up import components, port_free, register
+from semserve.loadbalancer import NginxMissing, nginx_binary
 from semserve.supervise import Component, StartFailed, Supervisor
 from tests.conftest import Predictor
 from tests.support import ROOT, free_port
@@ -180,3 +182,76 @@ def test_up_restarts_a_killed_redis_and_keeps_serving(predictor: Predictor, tmp_
     time.sleep(2)
     assert predictor.process.proc is not None and predictor.process.proc.poll() is None
     assert httpx.get(f"{predictor.http}/v2/health/ready", timeout=5).status_code == 200
+
+
+def test_three_transformers_are_replicas_behind_the_load_balancer(tmp_path: Path) -> None:
+    """--transformers 3: three replicas on their own ports and nginx on the usual transformer ports."""
+    try:
+        nginx = nginx_binary()
+    except NginxMissing as exc:
+        pytest.skip(str(exc))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["up", "--transformers", "3", "--replica-base-port", "9200", "--log-dir", str(tmp_path)]
+    )
+    comps = {c.name: c for c in components(args)}
+    assert list(comps) == ["redis", "predictor", "transformer-0", "transformer-1", "transformer-2",
+                           "loadbalancer"]  # fmt: skip
+    assert [comps[f"transformer-{i}"].ports for i in range(3)] == [[9200, 9201], [9202, 9203], [9204, 9205]]
+    assert comps["loadbalancer"].ports == [8080, 8081] and comps["loadbalancer"].argv[0] == nginx
+    conf = (tmp_path / "nginx" / "nginx.conf").read_text()
+    assert "server 127.0.0.1:9202;" in conf and "server 127.0.0.1:9205;" in conf
+
+
+def test_up_runs_three_replicas_behind_nginx(predictor: Predictor, tmp_path: Path) -> None:
+    """`semserve up --transformers 3`: the usual transformer port answers through nginx, the
+    replicas share one cache, and SIGTERM stops nginx with the rest."""
+    try:
+        nginx_binary()
+    except NginxMissing as exc:
+        pytest.skip(str(exc))
+    log_dir, out_path = tmp_path / "logs", tmp_path / "up.out"
+    http, grpc, redis_port = free_port(), free_port(), free_port()
+    argv = [
+        sys.executable, "-m", "semserve", "up", "--without", "predictor", "--transformers", "3",
+        "--replica-base-port", str(_free_pair_base(3)),
+        "--predictor-grpc-port", predictor.grpc.rsplit(":", 1)[1],
+        "--transformer-http-port", str(http), "--transformer-grpc-port", str(grpc),
+        "--redis-port", str(redis_port), "--log-dir", str(log_dir),
+        "--redis-data-dir", str(tmp_path / "redis"), "--ready-timeout-s", "240",
+    ]  # fmt: skip
+    with out_path.open("wb") as out:
+        up = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    base = f"http://127.0.0.1:{http}"
+    try:
+        _wait("banner", lambda: "semserve is up." in out_path.read_text(), 300, up, out_path)
+        assert "3 replicas behind nginx" in out_path.read_text()
+        assert {n: c["state"] for n, c in _status(log_dir).items()} == {
+            "redis": "ready", "transformer-0": "ready", "transformer-1": "ready",
+            "transformer-2": "ready", "loadbalancer": "ready",
+        }  # fmt: skip
+        statuses = []
+        for _ in range(3):
+            r = httpx.post(f"{base}/openai/v1/chat/completions", json=CHAT, timeout=120)
+            assert r.status_code == 200, r.text
+            statuses.append(r.headers["x-semserve-cache"])
+        assert statuses[1:] == ["exact", "exact"]  # other replicas, one cache
+        children = list(psutil.Process(up.pid).children(recursive=True))
+    finally:
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(90)
+    assert code == 0, out_path.read_text()
+    assert "==> stopping loadbalancer" in out_path.read_text()
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"left running: {alive}"
+
+
+def _free_pair_base(pairs: int) -> int:
+    """A base port with 2*pairs free ports after it."""
+    for _ in range(50):
+        base = free_port()
+        if base + 2 * pairs < 65535 and all(port_free(base + i) for i in range(2 * pairs)):
+            return base
+    raise RuntimeError("no run of free ports")
