@@ -2,11 +2,13 @@
 row of the README's settings table, with one default that runs locally.
 
     @dataclass
-    class PredictorSettings(Settings):
+    class PredictorSettings(ServerSettings):
         ENV_PREFIX: ClassVar[str] = "SEMSERVE_PREDICTOR_"
-        http_port: int = setting(8090, "HTTP port for v2 REST, OpenAI routes and /metrics.")
+        max_model_len: int = setting(2048, "Context length the engine admits.")
 
-gives `--http-port` and `SEMSERVE_PREDICTOR_HTTP_PORT`. Precedence: flag, then env var, then default.
+gives `--max-model-len` and `SEMSERVE_PREDICTOR_MAX_MODEL_LEN` (and, from ServerSettings, every field
+both services have, e.g. `--http-port` and `SEMSERVE_PREDICTOR_HTTP_PORT`). Precedence: flag, then env
+var, then default.
 """
 
 from __future__ import annotations
@@ -140,6 +142,13 @@ class Settings:
             group.add_argument(*names, **kwargs)
 
     @classmethod
+    def redefault(cls, name: str, default: Any) -> Any:
+        """Field `name` of this class with another default and the same help, for a subclass:
+        `http_port: int = ServerSettings.redefault("http_port", 8090)`."""
+        base = {f.name: f for f in dataclasses.fields(cls)}[name]
+        return dataclasses.field(default=default, metadata=base.metadata)
+
+    @classmethod
     def from_namespace(cls, ns: argparse.Namespace | None = None, flag_prefix: str = "") -> Self:
         given = vars(ns) if ns is not None else {}
         dest_prefix = flag_prefix.replace("-", "_")
@@ -206,3 +215,29 @@ class OpenAIRouteSettings(Settings):
     @property
     def cors_origins(self) -> list[str]:
         return [o.strip().rstrip("/") for o in self.cors_allowed_origins.split(",") if o.strip()]
+
+
+@dataclasses.dataclass
+class ServerSettings(OpenAIRouteSettings):
+    """What every server of ours has (see semserve/serving/service.py). A service adds its own
+    settings and redeclares a field only for a default of its own (`redefault`)."""
+
+    model_name: str = setting(
+        "llm",
+        "Model name clients use in v2 paths and the OpenAI `model` field; the transformer's must "
+        "equal the predictor's (KServe sets it).",
+    )
+    host: str = setting("127.0.0.1", "Address to bind (0.0.0.0 in a container).")
+    # KServe's own ports, which the transformer keeps: an InferenceService's traffic goes to it.
+    http_port: int = setting(
+        8080, "HTTP port: v2 REST, OpenAI routes, /metrics (and the transformer's admin routes)."
+    )
+    grpc_port: int = setting(8081, "gRPC port: v2 GRPCInferenceService (0 disables gRPC).")
+    max_body_bytes: int = setting(4 * 1024 * 1024, "Largest request body accepted; larger gets 413.")
+    max_header_bytes: int = setting(
+        64 * 1024, "Largest HTTP request head (request line + headers) accepted; larger gets 431."
+    )
+    max_batch_size: int = setting(64, "Most prompts one v2 request may carry (text_input shape [B]).")
+    default_max_tokens: int = setting(128, "max_tokens when a request gives none.")
+    grace_period_s: float = setting(30.0, "On SIGTERM, how long in-flight requests may take to finish.")
+    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))

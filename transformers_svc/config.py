@@ -1,5 +1,6 @@
 """Transformer settings (SEMSERVE_TRANSFORMER_*). The cache, embedder and verifier keep their own
 settings classes in cache/; on the command line they appear as --cache-*, --embed-*, --verify-*.
+What both services have (ports 8080/8081, KServe's, among them) comes from ServerSettings.
 """
 
 from __future__ import annotations
@@ -8,17 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from semserve.config import OpenAIRouteSettings, setting
+from semserve.config import ServerSettings, setting
 
 
 @dataclass
-class TransformerSettings(OpenAIRouteSettings):
+class TransformerSettings(ServerSettings):
     ENV_PREFIX: ClassVar[str] = "SEMSERVE_TRANSFORMER_"
 
-    model_name: str = setting("llm", "Model name served; must equal the predictor's (KServe sets it).")
-    host: str = setting("127.0.0.1", "Address to bind (0.0.0.0 in a container).")
-    http_port: int = setting(8080, "HTTP port: v2 REST, OpenAI routes, admin routes, /metrics.")
-    grpc_port: int = setting(8081, "gRPC port: v2 GRPCInferenceService (0 disables gRPC).")
     predictor_host: str = setting(
         "127.0.0.1:8091",
         "Predictor gRPC address (host:port): every miss, v2 or OpenAI, streamed or not, goes there "
@@ -54,15 +51,7 @@ class TransformerSettings(OpenAIRouteSettings):
         "Model revision in the cache key, so answers of another revision are never served; answers "
         "the predictor reports as another revision's are served but not stored.",
     )
-    max_body_bytes: int = setting(4 * 1024 * 1024, "Largest request body accepted; larger gets 413.")
-    max_header_bytes: int = setting(
-        64 * 1024, "Largest HTTP request head (request line + headers) accepted; larger gets 431."
-    )
-    max_batch_size: int = setting(64, "Most prompts one v2 request may carry.")
-    default_max_tokens: int = setting(128, "max_tokens when a request gives none (as the predictor).")
-    grace_period_s: float = setting(30.0, "On SIGTERM, how long in-flight requests may take to finish.")
     workers: int = setting(1, "Accepted for KServe's --workers; this server runs one process.")
-    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
     audit_log: Path | None = setting(
         None,
         "Audit log file (JSON lines: time, request id, tenant, route, cache status, latency, prompt "

@@ -1,0 +1,158 @@
+"""The gRPC guard: an interceptor that refuses new calls while draining, counts what is in flight,
+and gives every call a request id, a log line and a server span; and the interceptor base it and the
+transformer's gRPC auth share."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from semserve.logs import get_logger, request_id_var
+from semserve.serving.spans import end_grpc_span, grpc_span, grpc_traceresponse
+from semserve.serving.state import ServingState
+
+log = get_logger("semserve.serving")
+
+UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
+StreamCall = Callable[[AsyncIterator[Any], aio.ServicerContext], AsyncIterator[Any]]
+
+
+class CallInterceptor(aio.ServerInterceptor):
+    """Base for interceptors that wrap the behaviour of unary calls and of bidirectional streams
+    (v2's RPCs are unary; ModelStreamInfer is a stream). A subclass that lets streams through
+    unwrapped must say so: `wrap_stream` has no default."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        metadata = tuple(details.invocation_metadata or ())
+        wrapped: Any
+        if handler.unary_unary is not None:
+            wrapped = self.wrap(details.method, metadata, handler.unary_unary)
+            make = grpc.unary_unary_rpc_method_handler
+        elif handler.stream_stream is not None:
+            wrapped = self.wrap_stream(details.method, metadata, handler.stream_stream)
+            make = grpc.stream_stream_rpc_method_handler
+        else:
+            return handler
+        if wrapped is None:
+            return handler
+        return make(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def wrap(self, method: str, metadata: tuple[Any, ...], inner: UnaryCall) -> UnaryCall | None:
+        """The call to run instead of `inner`, or None to leave this method alone."""
+        raise NotImplementedError
+
+    def wrap_stream(
+        self, method: str, metadata: tuple[Any, ...], inner: StreamCall
+    ) -> StreamCall | None:
+        """The stream handler to run instead of `inner`, or None to leave this method alone."""
+        raise NotImplementedError
+
+
+class GrpcGuard(CallInterceptor):
+    """Drain refusal, in-flight count, request id, log line and server span for every call."""
+
+    def __init__(self, state: ServingState) -> None:
+        self.state = state
+
+    def wrap(self, method: str, metadata_items: tuple[Any, ...], inner: UnaryCall) -> UnaryCall:
+        guarded = not method.endswith(("/ServerLive", "/ServerReady"))
+        metadata = dict(metadata_items)
+        rid = str(metadata.get("x-request-id") or uuid.uuid4().hex)
+
+        async def call(request: Any, context: aio.ServicerContext) -> Any:
+            token = request_id_var.set(rid)
+            started = time.monotonic()
+            code = "OK"
+            traced = grpc_span(method, metadata, rid, context) if guarded else None
+            try:
+                if guarded and self.state.draining:
+                    code = "UNAVAILABLE"
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+                if guarded:
+                    self.state.enter()
+                try:
+                    response = await inner(request, context)
+                    grpc_traceresponse(traced, context)
+                    return response
+                except asyncio.CancelledError:
+                    code = "CANCELLED"
+                    raise
+                except Exception:
+                    code = "ERROR"
+                    raise
+                finally:
+                    if guarded:
+                        self.state.leave()
+            finally:
+                if guarded:
+                    log.info(
+                        "grpc_request",
+                        method=method,
+                        code=code,
+                        duration_ms=round((time.monotonic() - started) * 1000, 2),
+                    )
+                end_grpc_span(traced, context, code)
+                request_id_var.reset(token)
+
+        return call
+
+    def wrap_stream(self, method: str, metadata_items: tuple[Any, ...], inner: StreamCall) -> StreamCall:
+        metadata = dict(metadata_items)
+        rid = str(metadata.get("x-request-id") or uuid.uuid4().hex)
+
+        async def stream(requests: AsyncIterator[Any], context: aio.ServicerContext) -> AsyncIterator[Any]:
+            # An async generator's context is its consumer's: grpc runs this one in the call's own
+            # task, so the request id and span set here reach the handler and its tasks.
+            request_id_var.set(rid)
+            started = time.monotonic()
+            code = "OK"
+            responses = 0
+            traced = grpc_span(method, metadata, rid, context)
+            try:
+                if self.state.draining:
+                    code = "UNAVAILABLE"
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+                self.state.enter()
+                try:
+                    async for response in inner(requests, context):
+                        responses += 1
+                        yield response
+                    grpc_traceresponse(traced, context)
+                except (asyncio.CancelledError, GeneratorExit):
+                    code = "CANCELLED"
+                    raise
+                except Exception:
+                    code = "ERROR"
+                    raise
+                finally:
+                    self.state.leave()
+            finally:
+                log.info(
+                    "grpc_stream",
+                    method=method,
+                    code=code,
+                    responses=responses,
+                    duration_ms=round((time.monotonic() - started) * 1000, 2),
+                )
+                end_grpc_span(traced, context, code)
+
+        return stream
+
+

@@ -1,0 +1,62 @@
+"""Where KServe's own behaviour is wrong for a pod that serves one model from start to exit: its
+readiness (always true) and its model repository extension (lets a client unload the model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kserve.errors import InferenceError, InvalidInput, ModelNotFound
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+
+from semserve.serving.state import ServingState
+
+
+class ReadinessDataPlane(DataPlane):
+    """KServe's server readiness is always true; ours is false while draining or loading."""
+
+    def __init__(self, state: ServingState, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._state = state
+
+    async def ready(self) -> bool:
+        if self._state.draining:
+            return False
+        for model in self._model_registry.get_models().values():
+            if not await model.healthy():
+                return False
+        return await super().ready()
+
+    def decode_inference_request(self, body: Any, headers: Any, model_name: str) -> Any:
+        # KServe's decoding of a client's body (the binary tensor extension above all) raises
+        # TypeError/KeyError/ValueError on malformed input, e.g. a JSON header that is `null` or a
+        # non-numeric inference-header-content-length; those are the client's error, a 400.
+        try:
+            return super().decode_inference_request(body, headers, model_name)
+        except (InferenceError, InvalidInput):
+            raise
+        except Exception as exc:
+            raise InvalidInput(f"malformed inference request: {type(exc).__name__}: {exc}") from None
+
+
+class ServedModels(ModelRepositoryExtension):
+    """KServe's model repository extension (v2 `/v2/repository/models/{name}/load|unload` and their
+    gRPC twins) for a server whose models are fixed at start: one pod serves one model from start to
+    exit, and Knative scales pods, not models.
+
+    KServe's own answers `load` of a name it does not serve with 503 "not ready" (its registry's
+    load is a no-op), and lets any client `unload` the served model, after which the pod stays ready
+    while every request fails with 404."""
+
+    async def load(self, model_name: str) -> None:
+        if self._model_registry.get_model(model_name) is None:
+            raise ModelNotFound(model_name)
+        await super().load(model_name)  # already loaded: 200, or 503 while the engine still starts
+
+    async def unload(self, model_name: str) -> None:
+        if self._model_registry.get_model(model_name) is None:
+            raise ModelNotFound(model_name)
+        raise InvalidInput(
+            f"model control is disabled: this server serves {model_name!r} until it exits "
+            "and cannot unload it (scale with replicas instead)"
+        )
