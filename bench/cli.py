@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     soak.add_argument("--concurrency", type=int, default=32, help="closed-loop workers")
     soak.add_argument("--window", type=float, default=10.0, help="seconds per reported window")
     soak.add_argument("--tenants", type=int, default=3, help="tenants (API keys) of the started stack")
+    soak.add_argument("--transformers", type=int, default=1,
+                      help="transformer replicas of the started stack; more than one run behind nginx")
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--model", default=None, help="HF model dir (default: the prepared SmolLM2)")
     soak.add_argument("--transformer", default=None, help="running transformer base URL (else start a stack)")

@@ -2,7 +2,8 @@
 errors and resource growth.
 
 Loopback only. Either starts its own stack (Redis with RediSearch, the predictor and a transformer
-with an API keys file, all on free ports) or uses running ones (`--transformer URL`
+with an API keys file, all on free ports; `--transformers N`: N replicas behind nginx, as prod's
+replicas behind a Service) or uses running ones (`--transformer URL`
 with `--transformer-grpc`, `--api-key TENANT=KEY`, and `--pid NAME=PID` for the
 resource samples), checking answers against `--predictor-log` (the predictor's JSON log, at level
 info). `--concurrency` closed-loop workers run for `--duration`, each request drawn from:
@@ -596,9 +597,22 @@ def parse_duration(text: str) -> float:
     return float(text)
 
 
+def _wait_http(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout_s}s")
+
+
 def main(args: argparse.Namespace) -> int:
     from bench.cache import Proc
     from cache.redis_server import RedisServer
+    from semserve.loadbalancer import Backend, Frontend, LoadBalancer
     from transformers_svc.auth import hash_key
 
     duration = parse_duration(args.duration)
@@ -606,6 +620,7 @@ def main(args: argparse.Namespace) -> int:
     pids = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.pid)}
     procs: list[Proc] = []
     redis: RedisServer | None = None
+    lb: LoadBalancer | None = None
     try:
         if args.transformer or args.predictor_log:
             if not (args.transformer and args.transformer_grpc and args.predictor_log):
@@ -633,22 +648,38 @@ def main(args: argparse.Namespace) -> int:
             )
             procs.append(pred.start())
             pred.wait_ready()
-            trans = Proc(
-                "transformer",
-                ["transformer", "--http-port", str(t_http), "--grpc-port", str(t_grpc),
-                 "--predictor-host", f"127.0.0.1:{p_grpc}",
-                 "--cache-redis-url", redis.url, "--cache-deployment", "soak",
-                 "--api-keys-file", str(work / "keys.json"), "--log-level", "warning"],
-                f"http://127.0.0.1:{t_http}/v2/health/ready", LOG_DIR / "soak-transformer.log",
-            )
-            procs.append(trans.start())
-            trans.wait_ready(300)
+            # One transformer on t_http/t_grpc, or --transformers N replicas behind nginx there.
+            n = max(1, args.transformers)
+            ports = [(t_http, t_grpc)] if n == 1 else [(_free_port(), _free_port()) for _ in range(n)]
+            replicas = [
+                Proc(
+                    "transformer" if n == 1 else f"transformer-{i}",
+                    ["transformer", "--http-port", str(http), "--grpc-port", str(grpc),
+                     "--predictor-host", f"127.0.0.1:{p_grpc}",
+                     "--cache-redis-url", redis.url, "--cache-deployment", "soak",
+                     "--api-keys-file", str(work / "keys.json"), "--log-level", "warning"],
+                    f"http://127.0.0.1:{http}/v2/health/ready",
+                    LOG_DIR / ("soak-transformer.log" if n == 1 else f"soak-transformer-{i}.log"),
+                )
+                for i, (http, grpc) in enumerate(ports)
+            ]
+            for proc in replicas:  # all at once, as pods of one deployment start
+                procs.append(proc.start())
+            for proc in replicas:
+                proc.wait_ready(300)
+            if n > 1:
+                lb = LoadBalancer(Frontend(t_http, t_grpc, work / "nginx"),
+                                  [Backend(http, grpc) for http, grpc in ports]).start()
+                _wait_http(f"http://127.0.0.1:{t_http}/v2/health/ready", 30)
             t = Endpoint(f"http://127.0.0.1:{t_http}", f"127.0.0.1:{t_grpc}")
-            assert pred.proc is not None and trans.proc is not None and redis.process is not None
-            pids = {"predictor": pred.proc.pid, "transformer": trans.proc.pid, "redis": redis.process.pid}
+            assert pred.proc is not None and redis.process is not None
+            pids = {"predictor": pred.proc.pid, "redis": redis.process.pid}
+            pids.update({p.name: p.proc.pid for p in replicas if p.proc is not None})
         report = asyncio.run(soak(t, duration, args.concurrency, predictor_log, keys or None, pids,
                                   window_s=args.window, seed=args.seed))
     finally:
+        if lb is not None:
+            lb.stop()
         for proc in reversed(procs):
             proc.stop()
         if redis is not None:
@@ -659,5 +690,7 @@ def main(args: argparse.Namespace) -> int:
     if args.output:
         with open(args.output, "a") as f:
             cmd = f"semserve bench soak --duration {args.duration} --concurrency {args.concurrency}"
+            if args.transformers > 1:
+                cmd += f" --transformers {args.transformers}"
             f.write(f"\n```\n{cmd}\n{text}\n```\n")
     return 0 if report.passed else 1

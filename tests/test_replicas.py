@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-
 from cache.redis_server import RedisServer
+
 from semserve import loadbalancer
 from semserve.loadbalancer import Backend, Frontend, LoadBalancer
 from tests.conftest import LOG_DIR, Predictor, Transformer
@@ -298,3 +298,21 @@ def test_nginx_config_checks(tmp_path: Path) -> None:
     loadbalancer.check(argv)
     text = (tmp_path / "nginx.conf").read_text()
     assert "grpc_pass grpc://transformer_grpc" in text and "proxy_buffering off" in text
+
+
+def test_soak_through_the_load_balancer(stack: Stack, predictor: Predictor) -> None:
+    """`semserve bench soak` against nginx with three replicas behind it: every protocol, exact,
+    paraphrase and miss traffic spread over the replicas; 0 errors, every answer the predictor's."""
+    from bench.soak import Endpoint, soak, summary
+
+    pids = {f"replica-{i}": t.process.proc.pid for i, t in enumerate(stack.replicas) if t.process.proc}
+    report = asyncio.run(soak(
+        Endpoint(stack.lb.http_url, stack.lb.grpc_target), duration_s=60, concurrency=8,
+        predictor_log=predictor.process.log_path, pids=pids,
+    ))
+    print(summary(report))
+    assert not report.errors, report.error_samples
+    assert report.requests >= 50
+    assert report.verdict.checked == report.requests
+    assert not report.failures, report.failures
+    assert report.passed
