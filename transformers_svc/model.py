@@ -73,6 +73,14 @@ class SemanticCacheTransformer(kserve.Model):
         self.front = front
         self.predictor = predictor
         self.ready = True
+        # KServe runs start_engine() beside the HTTP and gRPC servers for a model with `engine` set.
+        self.engine = True
+
+    async def start_engine(self) -> None:
+        """Start the cache, best effort: with Redis down the transformer still serves (fail open),
+        and the cache recreates its index once Redis answers."""
+        if self.front.cache is not None:
+            await self.front.cache.start()
 
     async def get_input_types(self) -> list[dict[str, Any]]:
         return v2.INPUTS_METADATA

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
-
 from cache.embedder import Embedder
 from cache.policy import SemanticCache
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
 from cache.store import RedisCacheStore
 from cache.verify import RuleVerifier
 from semserve import logs, tracing
-from semserve.generate_routes import register_generate_routes
-from semserve.openai_routes import register_openai_routes, with_cors
-from semserve.serving import SemserveModelServer
+from semserve.serving.service import Service, run_service
 from transformers_svc import audit, metrics
 from transformers_svc.admin import register_admin_routes
 from transformers_svc.auth import Authenticator
@@ -46,12 +42,22 @@ def run(
     verify_settings: VerifierSettings,
     trace_settings: tracing.TracingSettings | None = None,
 ) -> None:
-    logs.configure(settings.log_level)
-    log.info("transformer_settings", **{k: str(v) for k, v in settings.public_dict().items()})
-    trace_settings = trace_settings or tracing.TracingSettings.from_env()
-    # The transformer's audit-full mode (--audit-full) is also what lets prompt text onto spans.
-    if tracing.setup(trace_settings, "transformer", audit_full=settings.audit_full):
-        log.info("tracing", **trace_settings.public_dict())
+    run_service(
+        "transformer",
+        settings,
+        lambda: assemble(settings, cache_settings, embed_settings, verify_settings),
+        trace_settings,
+        # The transformer's audit-full mode (--audit-full) is also what lets prompt text onto spans.
+        prompt_text_on_spans=settings.audit_full,
+    )
+
+
+def assemble(
+    settings: TransformerSettings,
+    cache_settings: CacheSettings,
+    embed_settings: EmbedderSettings,
+    verify_settings: VerifierSettings,
+) -> Service:
     if settings.workers > 1:
         log.warning("workers_ignored", workers=settings.workers,
                     reason="one process per pod; scale with replicas")
@@ -71,38 +77,10 @@ def run(
         model.audit = audit_log
         openai = audit.AuditedOpenAI(openai, audit_log)
         log.info("audit_log", path=str(settings.audit_log), full=settings.audit_full)
-
-    async def start_cache() -> None:
-        # Best effort: with Redis down the transformer still serves (fail open) and the policy
-        # recreates the index once Redis answers.
-        if cache is not None:
-            await cache.start()
-
-    model.engine = True
-    model.start_engine = start_cache  # type: ignore[method-assign]
-
-    def setup(app: FastAPI) -> None:
-        register_openai_routes(app, openai, prefix=settings.openai_route_prefix)
-        register_generate_routes(app, model)
-        register_admin_routes(app, cache, auth)
-
-    def wrap(app: Any) -> Any:
-        # CORS outside auth: a browser's preflight request carries no API key.
-        return with_cors(HttpAuth(app, auth) if auth.enabled else app, settings.cors_origins)
-
-    server = SemserveModelServer(
-        host=settings.host,
-        http_port=settings.http_port,
-        grpc_port=settings.grpc_port,
-        grace_period=settings.grace_period_s,
-        max_body_bytes=settings.max_body_bytes,
-        max_header_bytes=settings.max_header_bytes,
-        setup_app=setup,
-        wrap_app=wrap,
+    return Service(
+        model=model,
+        openai=openai,
+        extra_routes=lambda app: register_admin_routes(app, cache, auth),
+        inner_layer=(lambda app: HttpAuth(app, auth)) if auth.enabled else None,
         grpc_interceptors=(GrpcAuth(auth),) if auth.enabled else (),
     )
-    try:
-        server.start([model])
-    finally:
-        tracing.shutdown()
-    log.info("transformer_stopped")
