@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cache.schema import SCHEMA_VERSION
+from semserve.sampling import SamplingOptions
 
 Kind = Literal["chat", "completion", "v2"]
 KINDS: tuple[str, ...] = ("chat", "completion", "v2")
@@ -62,6 +63,20 @@ class SamplingParams:
         if isinstance(kw.get("stop"), list):
             kw["stop"] = tuple(kw["stop"])
         return cls(**kw, extra=extra or None)
+
+    @classmethod
+    def from_options(cls, options: SamplingOptions) -> SamplingParams:
+        """From the services' validated options (defaults filled in): the same params, and so the
+        same fingerprint, as `from_mapping(options.to_dict())`."""
+        return cls(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            top_k=options.top_k,
+            stop=tuple(options.stop),
+            seed=options.seed,
+            ignore_eos=options.ignore_eos,
+        )
 
     def canonical(self) -> dict[str, Any]:
         # 1 and 1.0 must give the same fingerprint; stop sequences act as a set.

@@ -47,6 +47,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from cache import keys
+from cache.answer import Payload
 from cache.interfaces import Embedder, Verdict, Verifier
 from cache.keys import CacheRequest
 from cache.settings import CacheSettings
@@ -67,7 +68,7 @@ _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSErr
 @dataclass
 class LookupResult:
     status: Status
-    answer: dict[str, Any] | None = None
+    answer: Payload | None = None
     similarity: float | None = None  # of the served entry; on a miss, of the best candidate seen
     verdict: Verdict | None = None  # the accepting verdict; on a miss, the best candidate's rejection
     entry_id: str | None = None
@@ -391,7 +392,7 @@ class SemanticCache:
     # -- store -------------------------------------------------------------------------------------
 
     async def store(
-        self, req: CacheRequest, answer: dict[str, Any], vector: np.ndarray | None = None
+        self, req: CacheRequest, answer: Payload, vector: np.ndarray | None = None
     ) -> bool:
         """Write the answer for `req`. Returns False (and never raises) when it could not."""
         req = self._scoped(req)
@@ -406,7 +407,7 @@ class SemanticCache:
                 tracing.fail(span, "store_failed")
             return stored
 
-    async def _store(self, req: CacheRequest, answer: dict[str, Any], vector: np.ndarray | None) -> bool:
+    async def _store(self, req: CacheRequest, answer: Payload, vector: np.ndarray | None) -> bool:
         phase = _Phase()
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000.0):

@@ -27,6 +27,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
 from cache import keys
+from cache.answer import Payload, dumps, loads
 from cache.keys import CacheRequest
 from cache.schema import (
     F_ANSWER,
@@ -82,7 +83,7 @@ return {created, evicted}
 
 @dataclass(frozen=True)
 class CachedAnswer:
-    answer: dict[str, Any]  # the service's payload, returned as stored
+    answer: Payload  # the service's payload, returned as stored (cache/answer.py)
     entry_id: str
     created_at: float  # unix seconds (Redis clock)
     similarity: float = 1.0  # 1.0 for exact hits
@@ -94,7 +95,7 @@ class Candidate:
     entry_id: str
     prompt: str
     similarity: float  # cosine similarity, 1 - RediSearch's cosine distance
-    answer: dict[str, Any]
+    answer: Payload
     created_at: float
 
     def to_answer(self) -> CachedAnswer:
@@ -258,7 +259,7 @@ class RedisCacheStore:
         if answer is None:
             return None
         return CachedAnswer(
-            answer=json.loads(_s(answer)),
+            answer=loads(_s(answer)),
             entry_id=entry_id,
             created_at=float(created or 0.0),
             similarity=1.0,
@@ -301,7 +302,7 @@ class RedisCacheStore:
                     entry_id=key[len(prefix) :] if key.startswith(prefix) else key,
                     prompt=_s(f.get(F_PROMPT, b"")),
                     similarity=1.0 - float(_s(f["dist"])),
-                    answer=json.loads(_s(f[F_ANSWER])),
+                    answer=loads(_s(f[F_ANSWER])),
                     created_at=float(_s(f.get(F_CREATED_AT, b"0"))),
                 )
             )
@@ -315,7 +316,7 @@ class RedisCacheStore:
         req: CacheRequest,
         prompt: str,
         vector: np.ndarray,
-        answer: dict[str, Any],
+        answer: Payload,
         ttl_seconds: int | None = None,
     ) -> str:
         """Write (or overwrite) the entry for `req`; returns its id. Evicts the tenant's oldest
@@ -331,7 +332,7 @@ class RedisCacheStore:
             F_MODEL, keys.model_tag(req.model),
             F_FINGERPRINT, keys.fingerprint(req, self.schema.version),
             F_KIND, req.kind,
-            F_ANSWER, _b(json.dumps(answer, ensure_ascii=False, allow_nan=False)),
+            F_ANSWER, _b(dumps(answer)),
             F_PROMPT, _b(prompt),
             F_TENANT_NAME, _b(req.tenant),
             F_MODEL_NAME, _b(req.model_label),

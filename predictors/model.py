@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import kserve
 from kserve import InferRequest, InferResponse
-from kserve.errors import InvalidInput
 
 from predictors.config import PredictorSettings
 from predictors.engine import Engine, Prepared
@@ -15,9 +13,10 @@ from semserve import tracing, v2
 from semserve.errors import BadRequest, Unavailable
 from semserve.serving import InvalidInput400, Unavailable503
 from semserve.streams import merge_streams
+from semserve.text_model import TextModel, request_id
 
 
-class VLLMPredictor(kserve.Model):
+class VLLMPredictor(TextModel):
     def __init__(self, settings: PredictorSettings, engine: Engine) -> None:
         super().__init__(settings.model_name)
         self.settings = settings
@@ -43,20 +42,7 @@ class VLLMPredictor(kserve.Model):
     async def healthy(self) -> bool:
         return self.ready and await self.llm.healthy()
 
-    async def get_input_types(self) -> list[dict[str, Any]]:
-        return v2.INPUTS_METADATA
-
-    async def get_output_types(self) -> list[dict[str, Any]]:
-        return v2.OUTPUTS_METADATA
-
-    async def predict(
-        self,
-        payload: InferRequest | dict[str, Any],
-        headers: dict[str, str] | None = None,
-        response_headers: dict[str, str] | None = None,
-    ) -> InferResponse:
-        if not isinstance(payload, InferRequest):
-            raise InvalidInput("this model speaks the v2 protocol: POST /v2/models/{name}/infer")
+    async def infer(self, payload: InferRequest, headers: dict[str, str]) -> InferResponse:
         try:
             request, prepared = await self._prepare(payload)
             return await self._whole(payload, headers, request, prepared)
@@ -69,11 +55,11 @@ class VLLMPredictor(kserve.Model):
         self, payload: InferRequest, headers: dict[str, str] | None, request: v2.TextRequest,
         prepared: list[Prepared],
     ) -> InferResponse:
-        request_id = self._request_id(payload, headers)
-        results = await self.llm.generate_many(prepared, request_id, _protocol(payload), _operation(request))
+        rid = request_id(payload, headers)
+        results = await self.llm.generate_many(prepared, rid, _protocol(payload), _operation(request))
         return v2.build_response(
             self.name,
-            request_id,
+            rid,
             [
                 v2.TextResult(r.text, r.finish_reason, r.completion_tokens, r.prompt_tokens)
                 for r in results
@@ -87,7 +73,7 @@ class VLLMPredictor(kserve.Model):
         """ModelStreamInfer and generate_stream: with the `stream` input, one response per new text
         piece of any prompt of the batch (the others empty), else one response with everything."""
         request, prepared = await self._prepare(payload)
-        request_id = self._request_id(payload, headers)
+        rid = request_id(payload, headers)
         if not request.stream:
             yield v2.StreamPart(await self._whole(payload, headers, request, prepared), final=True)
             return
@@ -95,7 +81,7 @@ class VLLMPredictor(kserve.Model):
         params = self._parameters(sum(len(p.token_ids) for p in prepared))
         unfinished = size
         streams = [
-            self.llm.stream(p, f"{request_id}-{i}" if size > 1 else request_id, _protocol(payload),
+            self.llm.stream(p, f"{rid}-{i}" if size > 1 else rid, _protocol(payload),
                             _operation(request))
             for i, p in enumerate(prepared)
         ]
@@ -103,7 +89,7 @@ class VLLMPredictor(kserve.Model):
             if delta.finish_reason:
                 unfinished -= 1
             piece = v2.TextResult(delta.text, delta.finish_reason or "", delta.completion_tokens)
-            response = v2.piece_response(self.name, request_id, size, index, piece, params)
+            response = v2.piece_response(self.name, rid, size, index, piece, params)
             yield v2.StreamPart(response, final=unfinished == 0)
 
     async def _prepare(self, payload: InferRequest) -> tuple[v2.TextRequest, list[Prepared]]:
@@ -121,11 +107,6 @@ class VLLMPredictor(kserve.Model):
             await self.llm.prepare(p, request.sampling, field=f) for p, f in zip(prompts, fields, strict=True)
         ]
         return request, prepared
-
-    @staticmethod
-    def _request_id(payload: InferRequest, headers: dict[str, str] | None) -> str:
-        lowered = {k.lower(): v for k, v in (headers or {}).items()}
-        return payload.id or lowered.get("x-request-id") or ""
 
     def _parameters(self, prompt_tokens: int) -> dict[str, Any]:
         params: dict[str, Any] = {v2.PROMPT_TOKENS: prompt_tokens}

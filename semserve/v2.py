@@ -227,6 +227,17 @@ def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
     return TextRequest(prompts=prompts, sampling=sampling, extra=extra, chats=chats, stream=stream)
 
 
+def text_inputs(request: InferRequest) -> list[str]:
+    """The `text_input` values as text, read leniently (for a log of what was asked, including
+    requests that fail to parse): [] where there is nothing readable."""
+    try:
+        inp = request.get_input_by_name(TEXT_INPUT)
+        values = [] if inp is None else list(np.asarray(inp.as_numpy(), dtype=object).reshape(-1))
+    except Exception:  # a malformed request is recorded as what could be read of it: nothing
+        return []
+    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in values]
+
+
 def build_response(
     model_name: str,
     request_id: str | None,

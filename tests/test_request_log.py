@@ -1,5 +1,5 @@
-"""The audit log: opt-in JSON lines with a prompt hash (the prompt itself only with --audit-full),
-rotated by size, and never the prompt text in the service's own logs."""
+"""The request log (--audit-log): opt-in JSON lines with a prompt hash (the prompt itself only
+with --audit-full), rotated by size, and never the prompt text in the service's own logs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import LOG_DIR, Predictor, Transformer, start_transformer
-from transformers_svc.audit import AuditLog, prompt_hash
+from transformers_svc.request_log import RequestLog, prompt_hash
 
 FIELDS = {"ts", "request_id", "tenant", "route", "protocol", "status", "cache", "latency_ms", "prompt_sha256"}
 
@@ -22,7 +22,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 def test_rotation_and_no_propagation(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    log = AuditLog(tmp_path / "audit.jsonl", full=True, max_bytes=2000, backups=2)
+    log = RequestLog(tmp_path / "audit.jsonl", full=True, max_bytes=2000, backups=2)
     import time
 
     for i in range(60):
@@ -36,7 +36,7 @@ def test_rotation_and_no_propagation(tmp_path: Path, caplog: pytest.LogCaptureFi
     last = _lines(tmp_path / "audit.jsonl")[-1]
     assert last["request_id"] == "59" and last["request"]["prompts"] == ["secret prompt 59"]
     assert last["prompt_sha256"] == [hashlib.sha256(b"secret prompt 59").hexdigest()]
-    assert AuditLog(None).enabled is False
+    assert RequestLog(None).enabled is False
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,8 @@
 build its cache key, answer from the cache or from the predictor (once for identical misses), and
 store complete answers.
 
-Answers are stored as {"text", "finish_reason", "completion_tokens", "prompt_tokens"} (plus
-"model_revision" when the predictor reported one; replies read only the first four): v2 and OpenAI
-completions (both: a raw prompt in, text out) share entries; chat has its own kind.
+Answers are cache.answer.Answer (text, finish reason, token counts, the model revision that made
+it): v2 and OpenAI completions (both: a raw prompt in, text out) share entries; chat has its own kind.
 
 An answer the predictor says was produced by another model revision than this transformer's
 --model-revision (during a canary the stable transformer's misses reach both predictor revisions)
@@ -14,25 +13,21 @@ any answer when the transformer has no revision of its own.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cache.keys import CacheRequest, SamplingParams
+from cache.answer import Answer
+from cache.keys import CacheRequest, Kind, SamplingParams
 from cache.policy import LookupResult, SemanticCache
 from semserve.logs import get_logger
-from semserve.sampling import SamplingOptions
 from transformers_svc import metrics
 from transformers_svc.config import TransformerSettings
+from transformers_svc.request_context import RequestContext
 from transformers_svc.shared_streams import SharedStreams
 from transformers_svc.upstream import Piece
 
 log = get_logger("semserve.transformer.cache")
-
-Answer = dict[str, Any]
-COMPLETE = ("stop", "length")
-REVISION = "model_revision"  # the answer key for the revision the predictor reported
 
 
 @dataclass(frozen=True)
@@ -45,6 +40,9 @@ class CacheMode:
         return self.lookup or self.store
 
 
+NO_CACHE = CacheMode(False, False)
+
+
 @dataclass
 class Outcome:
     answer: Answer
@@ -52,32 +50,25 @@ class Outcome:
     similarity: float | None
 
 
-def cache_control(headers: dict[str, str]) -> set[str]:
-    raw = headers.get("cache-control", "")
-    return {part.strip().lower() for part in raw.split(",") if part.strip()}
-
-
-def is_complete(answer: Answer) -> bool:
-    return answer.get("finish_reason") in COMPLETE and isinstance(answer.get("text"), str)
-
-
-def with_revision(answer: Answer, revision: str | None) -> Answer:
-    """The answer, labelled with the model revision that produced it when the predictor said."""
-    if revision:
-        answer[REVISION] = revision
-    return answer
-
-
 def answer_of(pieces: list[Piece]) -> Answer:
     """The answer a generation made: its pieces joined, the last one's counts and finish reason
-    ("" when it never finished, which `is_complete` rejects)."""
+    ("" when it never finished, which is not `complete`)."""
     last = pieces[-1] if pieces else None
-    return with_revision({
-        "text": "".join(p.text for p in pieces),
-        "finish_reason": (last.finish_reason if last else None) or "",
-        "completion_tokens": last.completion_tokens if last else 0,
-        "prompt_tokens": max((p.prompt_tokens for p in pieces), default=0),
-    }, next((p.model_revision for p in pieces if p.model_revision), None))
+    return Answer(
+        text="".join(p.text for p in pieces),
+        finish_reason=(last.finish_reason if last else None) or "",
+        completion_tokens=last.completion_tokens if last else 0,
+        prompt_tokens=max((p.prompt_tokens for p in pieces), default=0),
+        model_revision=next((p.model_revision for p in pieces if p.model_revision), None),
+    )
+
+
+def hit_answer(res: LookupResult | None) -> Answer | None:
+    """The answer a lookup found to serve, or None (a miss, a bypass, or an entry that holds no
+    answer: something else wrote under this key)."""
+    if res is None or not res.hit or not isinstance(res.answer, Answer):
+        return None
+    return res.answer
 
 
 class CacheFront:
@@ -87,26 +78,25 @@ class CacheFront:
         self.model = settings.model_name
         self.streams: SharedStreams[Piece] = SharedStreams()
 
-    def mode(self, options: SamplingOptions, headers: dict[str, str]) -> CacheMode:
+    def mode(self, ctx: RequestContext) -> CacheMode:
         if self.cache is None or self.settings.cache_policy == "off":
-            return CacheMode(False, False)
+            return NO_CACHE
         # Sampled answers are one draw of many; serving it again would fake determinism.
-        deterministic = options.temperature == 0 or options.seed is not None
+        deterministic = ctx.sampling.temperature == 0 or ctx.sampling.seed is not None
         if self.settings.cache_policy == "deterministic" and not deterministic:
-            return CacheMode(False, False)
-        directives = cache_control(headers)
+            return NO_CACHE
+        directives = ctx.cache_control
         return CacheMode(lookup="no-cache" not in directives, store="no-store" not in directives)
 
-    def key(
-        self, tenant: str, kind: str, prompt: str, options: SamplingOptions, context: Any = None
-    ) -> CacheRequest:
+    def key(self, ctx: RequestContext, kind: Kind, prompt: str, context: Any = None) -> CacheRequest:
+        """The cache key: `prompt` is matched semantically, `context` (JSON-able) exactly."""
         return CacheRequest(
-            tenant=tenant,
+            tenant=ctx.tenant,
             model=self.model,
-            kind=kind,  # type: ignore[arg-type]
+            kind=kind,
             prompt=prompt,
             context=context,
-            sampling=SamplingParams.from_mapping(options.to_dict()),
+            sampling=SamplingParams.from_options(ctx.sampling),
             model_revision=self.settings.model_revision or None,
         )
 
@@ -143,8 +133,9 @@ class CacheFront:
             metrics.LOOKUPS.labels(self.model, "bypass").inc()
             return Outcome(await produce(), "bypass", None)
         res = await self.lookup(req, mode)
-        if res is not None and res.hit and res.answer is not None:
-            return Outcome(res.answer, res.status, res.similarity)
+        cached = hit_answer(res)
+        if res is not None and cached is not None:
+            return Outcome(cached, res.status, res.similarity)
         if res is None:
             metrics.LOOKUPS.labels(self.model, "bypass").inc()
         answer = await self.cache.run_once(
@@ -188,19 +179,12 @@ class CacheFront:
 
     def storable(self, answer: Answer) -> bool:
         """A complete answer, not produced by another model revision than this transformer's."""
-        if not is_complete(answer):
+        if not answer.complete:
             return False
-        own, got = self.settings.model_revision, answer.get(REVISION)
+        own, got = self.settings.model_revision, answer.model_revision
         if own and got and got != own:
             metrics.STORE_SKIPPED.labels(self.model, "revision_mismatch").inc()
             log.debug("cache_store_skipped", reason="revision_mismatch", revision=got, expected=own)
             return False
         return True
 
-
-class Timer:
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-
-    def seconds(self) -> float:
-        return time.monotonic() - self.started

@@ -4,30 +4,43 @@ and the generate routes (hits replayed as pieces, misses streamed through).
 
 KServe runs preprocess -> predict -> postprocess and preprocess cannot end the chain, so the cache
 hit is decided in predict (see ../shared/reference/kserve.md).
+
+Each request's context (transformers_svc/request_context.py) is made here, once; how it ended goes
+to `on_outcome` (the request log, when one is configured).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import kserve
 from kserve import InferRequest, InferResponse
-from kserve.errors import InvalidInput, ModelNotFound
+from kserve.errors import ModelNotFound
 
+from cache.answer import Answer
 from cache.keys import CacheRequest
 from semserve import tracing, v2
 from semserve.errors import BadRequest, NotFound, Unavailable
 from semserve.serving import InvalidInput400, Unavailable503
 from semserve.streams import merge_streams
+from semserve.text_model import TextModel
 from transformers_svc import metrics
-from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import Answer, CacheFront, CacheMode, Outcome, Timer, answer_of
+from transformers_svc.front import NO_CACHE, CacheFront, CacheMode, Outcome, answer_of, hit_answer
+from transformers_svc.request_context import (
+    Listener,
+    RequestContext,
+    RequestRecord,
+    error_text,
+    ignore,
+    status_of,
+    v2_context,
+)
 from transformers_svc.upstream import Piece, PredictorClient, Prompt
 
 CACHE_STATUS = "cache_status"
@@ -37,16 +50,15 @@ _PIECES = re.compile(r"\S+\s*|\s+")
 
 def replay(answer: Answer) -> list[Piece]:
     """A cached answer as the pieces of a generation; the last carries the finish reason and counts."""
-    texts = _PIECES.findall(answer["text"]) or [""]
+    texts = _PIECES.findall(answer.text) or [""]
     last = len(texts) - 1
-    revision = answer.get("model_revision")
     return [
         Piece(
             text=t,
-            finish_reason=answer["finish_reason"] if i == last else None,
-            completion_tokens=int(answer["completion_tokens"]) if i == last else 0,
-            prompt_tokens=int(answer.get("prompt_tokens", 0)),
-            model_revision=revision,
+            finish_reason=answer.finish_reason if i == last else None,
+            completion_tokens=answer.completion_tokens if i == last else 0,
+            prompt_tokens=answer.prompt_tokens,
+            model_revision=answer.model_revision,
         )
         for i, t in enumerate(texts)
     ]
@@ -54,24 +66,36 @@ def replay(answer: Answer) -> list[Piece]:
 
 @dataclass(frozen=True)
 class _Call:
-    """One v2 request as the transformer handles it."""
+    """One parsed v2 request as the transformer handles it."""
 
+    ctx: RequestContext
     request: v2.TextRequest
-    tenant: str
-    request_id: str
-    protocol: str
     mode: CacheMode
 
     def prompt(self, i: int) -> Prompt:
         return self.request.chats[i] if self.request.chats else self.request.prompts[i]
 
 
-class SemanticCacheTransformer(kserve.Model):
+@contextlib.contextmanager
+def _as_kserve_errors(model: str) -> Iterator[None]:
+    """The request path's errors as the KServe exceptions its REST and gRPC servers answer."""
+    try:
+        yield
+    except BadRequest as exc:
+        raise InvalidInput400(exc.message, exc.field) from None
+    except NotFound as exc:
+        raise ModelNotFound(model) from exc
+    except Unavailable as exc:
+        raise Unavailable503(exc.message) from None
+
+
+class SemanticCacheTransformer(TextModel):
     def __init__(self, settings: TransformerSettings, front: CacheFront, predictor: PredictorClient) -> None:
         super().__init__(settings.model_name)
         self.settings = settings
         self.front = front
         self.predictor = predictor
+        self.on_outcome: Listener = ignore
         self.ready = True
         # KServe runs start_engine() beside the HTTP and gRPC servers for a model with `engine` set.
         self.engine = True
@@ -82,82 +106,73 @@ class SemanticCacheTransformer(kserve.Model):
         if self.front.cache is not None:
             await self.front.cache.start()
 
-    async def get_input_types(self) -> list[dict[str, Any]]:
-        return v2.INPUTS_METADATA
-
     async def get_output_types(self) -> list[dict[str, Any]]:
         return [*v2.OUTPUTS_METADATA, {"name": CACHE_STATUS, "datatype": "BYTES", "shape": [-1]}]
 
-    def _call(self, payload: InferRequest, headers: dict[str, str] | None) -> _Call:
-        lowered = {k.lower(): v for k, v in (headers or {}).items()}
-        protocol = "v2-grpc" if payload.from_grpc else "v2-rest"
-        tenant = tenant_var.get() or self.settings.tenant
-        tracing.annotate(
-            semserve__protocol=protocol, semserve__tenant=tenant, gen_ai__request__model=self.name
-        )
+    # -- the edge -----------------------------------------------------------------------------------
+
+    def _context(self, payload: InferRequest, headers: dict[str, str] | None, route: str) -> RequestContext:
+        return v2_context(payload, headers, model=self.name, default_tenant=self.settings.tenant,
+                          route=f"/v2/models/{self.name}/{route}")
+
+    def _call(self, ctx: RequestContext, payload: InferRequest) -> _Call:
         request = v2.parse_request(payload, self.settings.max_batch_size)
-        mode = self.front.mode(request.sampling, lowered)
+        ctx = ctx.with_sampling(request.sampling)
+        mode = self.front.mode(ctx)
         if request.chats and any(chat.messages[-1].role != "user" for chat in request.chats):
-            mode = CacheMode(False, False)  # e.g. a tool result: nothing to match
-        request_id = payload.id or lowered.get("x-request-id") or ""
-        return _Call(request, tenant, request_id, protocol, mode)
+            mode = NO_CACHE  # e.g. a tool result: nothing to match
+        return _Call(ctx, request, mode)
 
     def _key(self, call: _Call, i: int) -> CacheRequest:
-        sampling = call.request.sampling
         if call.request.chats:
             chat = call.request.chats[i]
             # Only the last user message is matched semantically; everything before it, and
             # whatever else shapes the answer, is part of the key.
-            return self.front.key(call.tenant, "chat", chat.last_text, sampling, chat.context())
-        return self.front.key(call.tenant, "completion", call.request.prompts[i], sampling)
+            return self.front.key(call.ctx, "chat", chat.last_text, chat.context())
+        return self.front.key(call.ctx, "completion", call.request.prompts[i])
 
-    async def predict(
-        self,
-        payload: InferRequest | dict[str, Any],
-        headers: dict[str, str] | None = None,
-        response_headers: dict[str, str] | None = None,
-    ) -> InferResponse:
-        if not isinstance(payload, InferRequest):
-            raise InvalidInput("this model speaks the v2 protocol: POST /v2/models/{name}/infer")
-        timer = Timer()
+    # -- whole answers ------------------------------------------------------------------------------
+
+    async def infer(self, payload: InferRequest, headers: dict[str, str]) -> InferResponse:
+        ctx = self._context(payload, headers, "infer")
         try:
-            call = self._call(payload, headers)
-            outcomes = await asyncio.gather(*(self._one(call, i) for i in range(call.request.size)))
-        except BadRequest as exc:
-            raise InvalidInput400(exc.message, exc.field) from None
-        except NotFound as exc:
-            raise ModelNotFound(self.name) from exc
-        except Unavailable as exc:
-            raise Unavailable503(exc.message) from None
+            with _as_kserve_errors(self.name):
+                call = self._call(ctx, payload)
+                outcomes = await asyncio.gather(*(self._one(call, i) for i in range(call.request.size)))
+        except BaseException as exc:
+            self.on_outcome(RequestRecord.failed(ctx, exc, v2.text_inputs(payload)))
+            raise
         statuses = [o.status for o in outcomes]
         tracing.annotate(semserve__cache__status=",".join(statuses))
         for status in set(statuses):
-            metrics.REQUEST_SECONDS.labels(self.name, call.protocol, status).observe(timer.seconds())
+            metrics.REQUEST_SECONDS.labels(self.name, ctx.protocol, status).observe(ctx.seconds())
+        self.on_outcome(RequestRecord(
+            ctx, 200, v2.text_inputs(payload), statuses, [o.answer.text for o in outcomes],
+            parameters={} if payload.from_grpc else dict(payload.parameters or {}),
+        ))
         return v2.build_response(
             self.name,
-            call.request_id,
+            ctx.request_id,
             [_result(o.answer) for o in outcomes],
-            parameters=self._parameters(call, outcomes),
+            parameters=self._parameters(ctx, outcomes),
             extra_outputs={CACHE_STATUS: statuses},
         )
 
-    def _parameters(self, call: _Call, outcomes: list[Outcome]) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            v2.PROMPT_TOKENS: sum(int(o.answer.get("prompt_tokens", 0)) for o in outcomes)
-        }
+    def _parameters(self, ctx: RequestContext, outcomes: list[Outcome]) -> dict[str, Any]:
+        params: dict[str, Any] = {v2.PROMPT_TOKENS: sum(o.answer.prompt_tokens for o in outcomes)}
         for name, sims in similarity_parameters([(o.status, o.similarity) for o in outcomes]).items():
             value: Any = sims[0] if len(sims) == 1 else json.dumps(sims)
-            # Over gRPC the number travels as a string, as it always has (KServe's proto had no
-            # double), so that clients of either server read it the same way.
-            params[name] = str(value) if call.protocol == "v2-grpc" else value
+            params[name] = _wire_number(ctx, value)
         return params
 
     async def _one(self, call: _Call, i: int) -> Outcome:
         async def produce() -> Answer:
-            piece = await self.predictor.generate(call.prompt(i), call.request.sampling, call.request_id)
+            piece = await self.predictor.generate(call.prompt(i), call.ctx.sampling, call.ctx.request_id)
             return answer_of([piece])
 
         return await self.front.answer(self._key(call, i), call.mode, produce)
+
+    # -- streams ------------------------------------------------------------------------------------
 
     async def infer_stream(
         self, payload: InferRequest, headers: dict[str, str]
@@ -165,29 +180,49 @@ class SemanticCacheTransformer(kserve.Model):
         """ModelStreamInfer and generate_stream. With the `stream` input, each prompt of the batch
         is looked up, then its pieces flow as they come (hits replayed, misses streamed through
         and shared by identical concurrent misses); each response says its prompt's cache_status."""
+        ctx = self._context(payload, headers, "stream")
         try:
-            call = self._call(payload, headers)
-        except BadRequest as exc:
-            raise InvalidInput400(exc.message, exc.field) from None
+            with _as_kserve_errors(self.name):
+                call = self._call(ctx, payload)
+        except BaseException as exc:
+            self.on_outcome(RequestRecord.failed(ctx, exc, v2.text_inputs(payload)))
+            raise
         if not call.request.stream:
+            # A whole answer: recorded by predict.
             yield v2.StreamPart(await self.predict(payload, headers), final=True)
             return
-        timer = Timer()
         size = call.request.size
         statuses = [""] * size
+        texts: list[list[str]] = [[] for _ in range(size)]
+        status, error = 200, None
+        try:
+            async for part in self._stream(call, statuses, texts):
+                yield part
+        except BaseException as exc:
+            status, error = status_of(exc), error_text(exc)
+            raise
+        finally:
+            self.on_outcome(RequestRecord(call.ctx, status, v2.text_inputs(payload), statuses,
+                                          ["".join(t) for t in texts], error))
+
+    async def _stream(
+        self, call: _Call, statuses: list[str], texts: list[list[str]]
+    ) -> AsyncIterator[v2.StreamPart]:
+        size = call.request.size
         unfinished = size
         streams = [self._pieces(call, i, statuses) for i in range(size)]
         async for index, (piece, similarity) in merge_streams(streams):
+            texts[index].append(piece.text)
             if piece.finish_reason:
                 unfinished -= 1
-                metrics.REQUEST_SECONDS.labels(self.name, call.protocol, statuses[index]).observe(
-                    timer.seconds()
+                metrics.REQUEST_SECONDS.labels(self.name, call.ctx.protocol, statuses[index]).observe(
+                    call.ctx.seconds()
                 )
             params: dict[str, Any] = {v2.PROMPT_TOKENS: piece.prompt_tokens}
             for name, [value] in similarity_parameters([(statuses[index], similarity)]).items():
-                params[name] = str(value) if call.protocol == "v2-grpc" else value
+                params[name] = _wire_number(call.ctx, value)
             response = v2.piece_response(
-                self.name, call.request_id, size, index,
+                self.name, call.ctx.request_id, size, index,
                 v2.TextResult(piece.text, piece.finish_reason or "", piece.completion_tokens),
                 params,
                 {CACHE_STATUS: [s if i == index else "" for i, s in enumerate(statuses)]},
@@ -199,9 +234,10 @@ class SemanticCacheTransformer(kserve.Model):
     ) -> AsyncIterator[tuple[Piece, float | None]]:
         key = self._key(call, i)
         res = await self.front.lookup(key, call.mode)
-        if res is not None and res.hit and res.answer is not None:
+        cached = hit_answer(res)
+        if res is not None and cached is not None:
             statuses[i] = res.status
-            for piece in replay(res.answer):
+            for piece in replay(cached):
                 yield piece, res.similarity
             return
         statuses[i] = "miss" if res is not None else "bypass"
@@ -210,13 +246,19 @@ class SemanticCacheTransformer(kserve.Model):
         similarity = res.similarity if res is not None else None
         pieces = self.front.stream_miss(
             key, call.mode, res,
-            lambda: self.predictor.stream(call.prompt(i), call.request.sampling, call.request_id),
+            lambda: self.predictor.stream(call.prompt(i), call.ctx.sampling, call.ctx.request_id),
         )
         try:
             async for piece in pieces:
                 yield piece, similarity
         finally:
             await pieces.aclose()  # type: ignore[attr-defined]
+
+
+def _wire_number(ctx: RequestContext, value: Any) -> Any:
+    # Over gRPC the number travels as a string, as it always has (KServe's proto had no double), so
+    # that clients of either server read it the same way.
+    return str(value) if ctx.protocol == "v2-grpc" else value
 
 
 SERVED = ("exact", "semantic")
@@ -237,8 +279,4 @@ def similarity_parameters(outcomes: list[tuple[str, float | None]]) -> dict[str,
 
 
 def _result(answer: Answer) -> v2.TextResult:
-    return v2.TextResult(
-        answer["text"], answer["finish_reason"], int(answer["completion_tokens"]),
-        int(answer.get("prompt_tokens", 0)),
-    )
-
+    return v2.TextResult(answer.text, answer.finish_reason, answer.completion_tokens, answer.prompt_tokens)

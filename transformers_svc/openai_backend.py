@@ -3,6 +3,10 @@ other miss (chats as the `chat` input: the predictor applies the chat template),
 only its gRPC port is routed (Knative). Streaming misses are streamed through as the predictor's
 pieces arrive, shared by identical concurrent misses, and stored only after a clean end; streaming
 hits are replayed as SSE chunks.
+
+Chat and completions differ only in their wire format: a formatter each (`ChatFormatter`,
+`CompletionFormatter`) turns answers and pieces into OpenAI's objects. Each request's context is
+made here, once; how it ended goes to `on_outcome` (the request log, when one is configured).
 """
 
 from __future__ import annotations
@@ -10,186 +14,55 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import BaseModel
+
+from cache.answer import Answer
 from cache.keys import CacheRequest
 from semserve import openai_protocol as oa
-from semserve import tracing
+from semserve import openai_routes, tracing
 from semserve.errors import BadRequest, NotFound
-from semserve.openai_routes import RequestContext
-from semserve.sampling import SamplingOptions
 from transformers_svc import metrics
-from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import Answer, CacheFront, CacheMode, Outcome, Timer, answer_of
+from transformers_svc.front import NO_CACHE, CacheFront, CacheMode, Outcome, answer_of, hit_answer
 from transformers_svc.model import SERVED, replay
+from transformers_svc.request_context import (
+    Listener,
+    RequestContext,
+    RequestRecord,
+    error_text,
+    ignore,
+    openai_context,
+    status_of,
+)
 from transformers_svc.upstream import Piece, PredictorClient, Prompt
 
+# The routes as the request log names them.
+CHAT_ROUTE = "/openai/v1/chat/completions"
+COMPLETIONS_ROUTE = "/openai/v1/completions"
 
-def _cache_headers(ctx: RequestContext, status: str, similarity: float | None) -> None:
-    ctx.response_headers["x-semserve-cache"] = status
+
+def _cache_headers(http: openai_routes.RequestContext, status: str, similarity: float | None) -> None:
+    http.response_headers["x-semserve-cache"] = status
     if similarity is None:
         return
     # A miss names the similarity of the entry it rejected as such, not as the answer's.
     served = all(s in SERVED for s in status.split(","))
     name = "x-semserve-cache-similarity" if served else "x-semserve-cache-rejected-similarity"
-    ctx.response_headers[name] = f"{similarity:.4f}"
+    http.response_headers[name] = f"{similarity:.4f}"
 
 
-class TransformerOpenAI:
-    def __init__(self, settings: TransformerSettings, front: CacheFront, predictor: PredictorClient) -> None:
-        self.settings = settings
-        self.front = front
-        self.predictor = predictor
-        self.name = settings.model_name
-        # OpenAI's `created` of the model card: when this server started serving it.
-        self.created = int(time.time())
+class Formatter:
+    """How answers and the pieces of a generation become one OpenAI response or stream."""
 
-    def models(self) -> list[oa.OpenAIModelCard]:
-        return [oa.model_card(self.name, self.created)]
-
-    def _check(self, model: str) -> str:
-        tenant = tenant_var.get() or self.settings.tenant
-        tracing.annotate(semserve__protocol="openai", semserve__tenant=tenant, gen_ai__request__model=model)
-        if model != self.name:
-            raise NotFound(f"model {model!r} not found; this server serves {self.name!r}", "model")
-        return tenant
-
-    def _produce(self, prompt: Prompt, options: SamplingOptions, ctx: RequestContext) -> Any:
-        async def produce() -> Answer:
-            return answer_of([await self.predictor.generate(prompt, options, ctx.request_id)])
-
-        return produce
-
-    # -- chat -------------------------------------------------------------------------------------
-
-    async def chat_completions(
-        self, req: oa.ChatCompletionRequest, ctx: RequestContext
-    ) -> oa.ChatCompletion | AsyncIterator[oa.ChatCompletionChunk]:
-        tenant = self._check(req.model)
-        timer = Timer()
-        options = req.sampling(self.settings.default_max_tokens)
-        mode = self.front.mode(options, ctx.headers)
-        if req.messages[-1].role != "user":
-            mode = CacheMode(False, False)  # e.g. a tool result: nothing to match
-        chat = req.prompt()
-        # Only the last user message is matched semantically; everything before it, and whatever
-        # else shapes the answer, is part of the key.
-        key = self.front.key(tenant, "chat", chat.last_text, options, chat.context())
-        rid, created = oa.new_id("chatcmpl"), oa.now()
-        if req.stream:
-            return await self._stream(key, mode, chat, options, ctx, _ChatChunks(self.name, rid, created),
-                                      req.include_usage, timer)
-        outcome = await self.front.answer(key, mode, self._produce(chat, options, ctx))
-        self._observe(outcome, timer)
-        _cache_headers(ctx, outcome.status, outcome.similarity)
-        a = outcome.answer
-        return oa.chat_completion(rid, self.name, created, a["text"], a["finish_reason"],
-                                  int(a.get("prompt_tokens", 0)), int(a["completion_tokens"]))
-
-    # -- completions --------------------------------------------------------------------------------
-
-    async def completions(
-        self, req: oa.CompletionRequest, ctx: RequestContext
-    ) -> oa.Completion | AsyncIterator[oa.Completion]:
-        tenant = self._check(req.model)
-        timer = Timer()
-        options = req.sampling(self.settings.default_max_tokens)
-        mode = self.front.mode(options, ctx.headers)
-        prompts = req.prompts
-        rid, created = oa.new_id("cmpl"), oa.now()
-        if req.stream:
-            if len(prompts) != 1:
-                raise BadRequest("streaming takes one prompt per request here", "prompt")
-            key = self.front.key(tenant, "completion", prompts[0], options)
-            return await self._stream(key, mode, prompts[0], options, ctx,
-                                      _CompletionChunks(self.name, rid, created), req.include_usage, timer)
-        if len(prompts) > self.settings.max_batch_size:
-            raise BadRequest(f"at most {self.settings.max_batch_size} prompts per request", "prompt")
-
-        async def one(prompt: str) -> Outcome:
-            key = self.front.key(tenant, "completion", prompt, options)
-            return await self.front.answer(key, mode, self._produce(prompt, options, ctx))
-
-        outcomes = await asyncio.gather(*(one(p) for p in prompts))
-        for o in outcomes:
-            self._observe(o, timer)
-        statuses = [o.status for o in outcomes]
-        _cache_headers(ctx, ",".join(statuses), outcomes[0].similarity if len(outcomes) == 1 else None)
-        return oa.completion(
-            rid, self.name, created,
-            [o.answer["text"] for o in outcomes],
-            [o.answer["finish_reason"] for o in outcomes],
-            sum(int(o.answer.get("prompt_tokens", 0)) for o in outcomes),
-            sum(int(o.answer["completion_tokens"]) for o in outcomes),
-        )
-
-    # -- streaming ----------------------------------------------------------------------------------
-
-    async def _stream(
-        self, key: CacheRequest, mode: CacheMode, prompt: Prompt, options: SamplingOptions,
-        ctx: RequestContext, chunks: _Chunks, include_usage: bool, timer: Timer,
-    ) -> AsyncIterator[Any]:
-        res = await self.front.lookup(key, mode)
-        if res is not None and res.hit and res.answer is not None:
-            _cache_headers(ctx, res.status, res.similarity)
-            self._observe(Outcome(res.answer, res.status, res.similarity), timer)
-            return self._sse(_listed(replay(res.answer)), None, chunks, include_usage, timer, res.status)
-        status = "miss" if res is not None else "bypass"
-        if res is None:
-            metrics.LOOKUPS.labels(self.name, "bypass").inc()
-        _cache_headers(ctx, status, res.similarity if res is not None else None)
-        pieces = self.front.stream_miss(
-            key, mode, res, lambda: self.predictor.stream(prompt, options, ctx.request_id)
-        )
-        # The first piece before answering, so a predictor that is down or refuses the request is a
-        # 503 or 400, not a broken stream.
-        try:
-            first = await anext(pieces, None)
-        except BaseException:
-            await pieces.aclose()  # type: ignore[attr-defined]
-            raise
-        return self._sse(pieces, first, chunks, include_usage, timer, status)
-
-    async def _sse(
-        self, pieces: AsyncIterator[Piece], first: Piece | None, chunks: _Chunks, include_usage: bool,
-        timer: Timer, status: str,
-    ) -> AsyncIterator[Any]:
-        seen: list[Piece] = []
-        try:
-            opening = chunks.start()
-            if opening is not None:
-                yield opening
-            # To the end of `pieces`, which comes once the answer is stored (so that a request that
-            # follows finds it), not just to the piece with the finish reason.
-            piece = first if first is not None else await anext(pieces, None)
-            while piece is not None:
-                seen.append(piece)
-                for chunk in chunks.piece(piece):
-                    yield chunk
-                piece = await anext(pieces, None)
-        finally:
-            await pieces.aclose()  # type: ignore[attr-defined]
-        answer = answer_of(seen)
-        if include_usage:
-            yield chunks.usage(int(answer["prompt_tokens"]), int(answer["completion_tokens"]))
-        self._observe(Outcome(answer, status, None), timer)
-
-    def _observe(self, outcome: Outcome, timer: Timer) -> None:
-        tracing.annotate(semserve__cache__status=outcome.status)
-        metrics.REQUEST_SECONDS.labels(self.name, "openai", outcome.status).observe(timer.seconds())
-
-
-async def _listed(pieces: list[Piece]) -> AsyncIterator[Piece]:
-    for piece in pieces:
-        yield piece
-
-
-class _Chunks:
-    """How pieces of a generation become the chunks of one OpenAI stream."""
-
-    def __init__(self, model: str, rid: str, created: int) -> None:
+    def __init__(self, model: str, rid: str, created: int, include_usage: bool) -> None:
         self.model, self.rid, self.created = model, rid, created
+        self.include_usage = include_usage
+
+    def whole(self, answers: list[Answer]) -> Any:
+        raise NotImplementedError
 
     def start(self) -> Any:
         return None
@@ -201,7 +74,12 @@ class _Chunks:
         raise NotImplementedError
 
 
-class _ChatChunks(_Chunks):
+class ChatFormatter(Formatter):
+    def whole(self, answers: list[Answer]) -> oa.ChatCompletion:
+        [a] = answers
+        return oa.chat_completion(self.rid, self.model, self.created, a.text, a.finish_reason,
+                                  a.prompt_tokens, a.completion_tokens)
+
     def start(self) -> Any:
         # OpenAI sends the role first, in a chunk of its own with empty content.
         return oa.chat_chunk(self.rid, self.model, self.created, "", role=True)
@@ -219,10 +97,215 @@ class _ChatChunks(_Chunks):
         return oa.chat_usage_chunk(self.rid, self.model, self.created, prompt_tokens, completion_tokens)
 
 
-class _CompletionChunks(_Chunks):
+class CompletionFormatter(Formatter):
+    def whole(self, answers: list[Answer]) -> oa.Completion:
+        return oa.completion(
+            self.rid, self.model, self.created,
+            [a.text for a in answers],
+            [a.finish_reason for a in answers],
+            sum(a.prompt_tokens for a in answers),
+            sum(a.completion_tokens for a in answers),
+        )
+
     def piece(self, piece: Piece) -> list[Any]:
         return [oa.completion_chunk(self.rid, self.model, self.created, 0, piece.text, piece.finish_reason)]
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
         return oa.completion_usage_chunk(self.rid, self.model, self.created, prompt_tokens,
                                          completion_tokens)
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """One prompt to answer: its cache key, how it may use the cache, and what the predictor gets."""
+
+    key: CacheRequest
+    mode: CacheMode
+    prompt: Prompt
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One OpenAI request as the backend handles it: its context, the route's own (for the cache
+    headers), the body (for the full request log) and the prompts the log hashes."""
+
+    ctx: RequestContext
+    http: openai_routes.RequestContext
+    body: BaseModel
+    prompts: list[str]
+
+
+class TransformerOpenAI:
+    def __init__(self, settings: TransformerSettings, front: CacheFront, predictor: PredictorClient) -> None:
+        self.settings = settings
+        self.front = front
+        self.predictor = predictor
+        self.name = settings.model_name
+        self.on_outcome: Listener = ignore
+        # OpenAI's `created` of the model card: when this server started serving it.
+        self.created = int(time.time())
+
+    def models(self) -> list[oa.OpenAIModelCard]:
+        return [oa.model_card(self.name, self.created)]
+
+    # -- the edge -----------------------------------------------------------------------------------
+
+    def _request(
+        self, http: openai_routes.RequestContext, body: BaseModel, model: str, route: str, prompts: list[str]
+    ) -> _Request:
+        ctx = openai_context(http, model=model, default_tenant=self.settings.tenant, route=route)
+        return _Request(ctx, http, body, prompts)
+
+    def _check(self, model: str) -> None:
+        if model != self.name:
+            raise NotFound(f"model {model!r} not found; this server serves {self.name!r}", "model")
+
+    async def chat_completions(
+        self, req: oa.ChatCompletionRequest, http: openai_routes.RequestContext
+    ) -> oa.ChatCompletion | AsyncIterator[oa.ChatCompletionChunk]:
+        last = req.messages[-1].text if req.messages else ""
+        r = self._request(http, req, req.model, CHAT_ROUTE, [last])
+        try:
+            return await self._chat(r, req)
+        except BaseException as exc:
+            self._failed(r, exc)
+            raise
+
+    async def completions(
+        self, req: oa.CompletionRequest, http: openai_routes.RequestContext
+    ) -> oa.Completion | AsyncIterator[oa.Completion]:
+        r = self._request(http, req, req.model, COMPLETIONS_ROUTE, req.prompts)
+        try:
+            return await self._completions(r, req)
+        except BaseException as exc:
+            self._failed(r, exc)
+            raise
+
+    # -- chat and completions -----------------------------------------------------------------------
+
+    async def _chat(self, r: _Request, req: oa.ChatCompletionRequest) -> Any:
+        self._check(req.model)
+        ctx = r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens))
+        r = replace(r, ctx=ctx)
+        mode = self.front.mode(ctx)
+        if req.messages[-1].role != "user":
+            mode = NO_CACHE  # e.g. a tool result: nothing to match
+        chat = req.prompt()
+        # Only the last user message is matched semantically; everything before it, and whatever
+        # else shapes the answer, is part of the key.
+        ask = _Ask(self.front.key(ctx, "chat", chat.last_text, chat.context()), mode, chat)
+        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.include_usage)
+        if req.stream:
+            return await self._stream(r, ask, fmt)
+        return self._whole(r, [await self._answer(r, ask)], fmt)
+
+    async def _completions(self, r: _Request, req: oa.CompletionRequest) -> Any:
+        self._check(req.model)
+        ctx = r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens))
+        r = replace(r, ctx=ctx)
+        mode = self.front.mode(ctx)
+        prompts = req.prompts
+        fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.include_usage)
+        if req.stream:
+            if len(prompts) != 1:
+                raise BadRequest("streaming takes one prompt per request here", "prompt")
+            return await self._stream(r, self._ask(ctx, mode, prompts[0]), fmt)
+        if len(prompts) > self.settings.max_batch_size:
+            raise BadRequest(f"at most {self.settings.max_batch_size} prompts per request", "prompt")
+        asks = [self._ask(ctx, mode, p) for p in prompts]
+        return self._whole(r, await asyncio.gather(*(self._answer(r, a) for a in asks)), fmt)
+
+    def _ask(self, ctx: RequestContext, mode: CacheMode, prompt: str) -> _Ask:
+        return _Ask(self.front.key(ctx, "completion", prompt), mode, prompt)
+
+    # -- whole answers ------------------------------------------------------------------------------
+
+    async def _answer(self, r: _Request, ask: _Ask) -> Outcome:
+        async def produce() -> Answer:
+            return answer_of([await self.predictor.generate(ask.prompt, r.ctx.sampling, r.ctx.request_id)])
+
+        return await self.front.answer(ask.key, ask.mode, produce)
+
+    def _whole(self, r: _Request, outcomes: list[Outcome], fmt: Formatter) -> Any:
+        for o in outcomes:
+            self._observe(r.ctx, o.status)
+        statuses = [o.status for o in outcomes]
+        _cache_headers(r.http, ",".join(statuses), outcomes[0].similarity if len(outcomes) == 1 else None)
+        self._record(r, 200, statuses, [o.answer.text for o in outcomes])
+        return fmt.whole([o.answer for o in outcomes])
+
+    # -- streaming ----------------------------------------------------------------------------------
+
+    async def _stream(self, r: _Request, ask: _Ask, fmt: Formatter) -> AsyncIterator[Any]:
+        res = await self.front.lookup(ask.key, ask.mode)
+        cached = hit_answer(res)
+        if res is not None and cached is not None:
+            _cache_headers(r.http, res.status, res.similarity)
+            self._observe(r.ctx, res.status)
+            return self._sse(r, _listed(replay(cached)), None, fmt, res.status)
+        status = "miss" if res is not None else "bypass"
+        if res is None:
+            metrics.LOOKUPS.labels(self.name, "bypass").inc()
+        _cache_headers(r.http, status, res.similarity if res is not None else None)
+        pieces = self.front.stream_miss(
+            ask.key, ask.mode, res,
+            lambda: self.predictor.stream(ask.prompt, r.ctx.sampling, r.ctx.request_id),
+        )
+        # The first piece before answering, so a predictor that is down or refuses the request is a
+        # 503 or 400, not a broken stream.
+        try:
+            first = await anext(pieces, None)
+        except BaseException:
+            await pieces.aclose()  # type: ignore[attr-defined]
+            raise
+        return self._sse(r, pieces, first, fmt, status)
+
+    async def _sse(
+        self, r: _Request, pieces: AsyncIterator[Piece], first: Piece | None, fmt: Formatter, status: str
+    ) -> AsyncIterator[Any]:
+        seen: list[Piece] = []
+        code, error = 200, None
+        try:
+            try:
+                opening = fmt.start()
+                if opening is not None:
+                    yield opening
+                # To the end of `pieces`, which comes once the answer is stored (so that a request
+                # that follows finds it), not just to the piece with the finish reason.
+                piece = first if first is not None else await anext(pieces, None)
+                while piece is not None:
+                    seen.append(piece)
+                    for chunk in fmt.piece(piece):
+                        yield chunk
+                    piece = await anext(pieces, None)
+            finally:
+                await pieces.aclose()  # type: ignore[attr-defined]
+            answer = answer_of(seen)
+            if fmt.include_usage:
+                yield fmt.usage(answer.prompt_tokens, answer.completion_tokens)
+            self._observe(r.ctx, status)
+        except BaseException as exc:  # the client left (cancelled), or a failure mid-stream
+            code, error = status_of(exc), error_text(exc)
+            raise
+        finally:
+            self._record(r, code, [status], ["".join(p.text for p in seen)], error)
+
+    # -- what is observed ---------------------------------------------------------------------------
+
+    def _observe(self, ctx: RequestContext, status: str) -> None:
+        tracing.annotate(semserve__cache__status=status)
+        metrics.REQUEST_SECONDS.labels(self.name, "openai", status).observe(ctx.seconds())
+
+    def _record(
+        self, r: _Request, status: int, cache: list[str], answers: list[str], error: str | None = None
+    ) -> None:
+        self.on_outcome(RequestRecord(r.ctx, status, r.prompts, cache, answers, error, body=r.body))
+
+    def _failed(self, r: _Request, exc: BaseException) -> None:
+        cache = r.http.response_headers.get("x-semserve-cache", "")
+        self._record(r, status_of(exc), cache.split(",") if cache else [], [], error_text(exc))
+
+
+async def _listed(pieces: list[Piece]) -> AsyncIterator[Piece]:
+    for piece in pieces:
+        yield piece

@@ -12,7 +12,7 @@ from cache.store import RedisCacheStore
 from cache.verify import RuleVerifier
 from semserve import logs, tracing
 from semserve.serving.service import Service, run_service
-from transformers_svc import audit, metrics
+from transformers_svc import metrics
 from transformers_svc.admin import register_admin_routes
 from transformers_svc.auth import Authenticator
 from transformers_svc.config import TransformerSettings
@@ -20,6 +20,7 @@ from transformers_svc.front import CacheFront
 from transformers_svc.guards import GrpcAuth, HttpAuth
 from transformers_svc.model import SemanticCacheTransformer
 from transformers_svc.openai_backend import TransformerOpenAI
+from transformers_svc.request_log import RequestLog
 from transformers_svc.upstream import PredictorClient
 
 log = logs.get_logger("semserve.transformer")
@@ -70,13 +71,11 @@ def assemble(
     front = CacheFront(settings, cache)
     model = SemanticCacheTransformer(settings, front, predictor)
     openai: Any = TransformerOpenAI(settings, front, predictor)
-    audit_log = audit.from_settings(settings)
-    if audit_log.enabled:
-        # The same objects with one recording call around each request (transformers_svc/audit.py).
-        model = audit.AuditedTransformer(settings, front, predictor)
-        model.audit = audit_log
-        openai = audit.AuditedOpenAI(openai, audit_log)
-        log.info("audit_log", path=str(settings.audit_log), full=settings.audit_full)
+    request_log = RequestLog.from_settings(settings)
+    if request_log.enabled:
+        # Both request paths hand it each request's outcome (transformers_svc/request_log.py).
+        model.on_outcome = openai.on_outcome = request_log.on_outcome
+        log.info("request_log", path=str(settings.audit_log), full=settings.audit_full)
     return Service(
         model=model,
         openai=openai,

@@ -1,0 +1,39 @@
+"""The kserve.Model both services build on: the v2 text contract (semserve/v2.py) on predict and in
+the model's metadata. Subclasses answer `infer`, with the request already known to be v2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kserve
+from kserve import InferRequest, InferResponse
+from kserve.errors import InvalidInput
+
+from semserve import v2
+
+
+class TextModel(kserve.Model):
+    async def get_input_types(self) -> list[dict[str, Any]]:
+        return v2.INPUTS_METADATA
+
+    async def get_output_types(self) -> list[dict[str, Any]]:
+        return v2.OUTPUTS_METADATA
+
+    async def predict(
+        self,
+        payload: InferRequest | dict[str, Any],
+        headers: dict[str, str] | None = None,
+        response_headers: dict[str, str] | None = None,
+    ) -> InferResponse:
+        if not isinstance(payload, InferRequest):
+            raise InvalidInput("this model speaks the v2 protocol: POST /v2/models/{name}/infer")
+        return await self.infer(payload, headers or {})
+
+    async def infer(self, payload: InferRequest, headers: dict[str, str]) -> InferResponse:
+        raise NotImplementedError
+
+
+def request_id(payload: InferRequest, headers: dict[str, str] | None) -> str:
+    """The request's id: the v2 body's `id`, else the x-request-id header, else ""."""
+    lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    return payload.id or lowered.get("x-request-id") or ""

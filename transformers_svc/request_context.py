@@ -1,0 +1,133 @@
+"""Who is asking and how, worked out once at the edge of the transformer (v2 REST/gRPC in model.py,
+OpenAI in openai_backend.py) and carried by everything after it; and the record of how a request
+ended, handed to the listener (the request log, transformers_svc/request_log.py).
+
+Nothing after the edge re-derives tenant, request id or protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from kserve import InferRequest
+from kserve.errors import InvalidInput, ModelNotFound, ServerNotReady
+from pydantic import BaseModel
+
+from semserve import openai_routes, text_model, tracing
+from semserve.errors import ServingError
+from semserve.sampling import SamplingOptions
+from transformers_svc.auth import tenant_var
+
+Protocol = Literal["v2-rest", "v2-grpc", "openai"]
+
+
+def cache_control(headers: dict[str, str]) -> frozenset[str]:
+    """The request's Cache-Control directives (lowercased); `headers` has lowercase names."""
+    raw = headers.get("cache-control", "")
+    return frozenset(part.strip().lower() for part in raw.split(",") if part.strip())
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    tenant: str
+    request_id: str
+    protocol: Protocol
+    route: str  # as the request log names it
+    cache_control: frozenset[str]
+    # The defaults until the body is parsed (`with_sampling`): a request that fails to parse has none.
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    started: float = field(default_factory=time.monotonic)
+
+    def with_sampling(self, sampling: SamplingOptions) -> RequestContext:
+        return replace(self, sampling=sampling)
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+
+def _tenant(default: str) -> str:
+    # Set by the auth middleware (transformers_svc/guards.py) from the caller's API key.
+    return tenant_var.get() or default
+
+
+def v2_context(
+    payload: InferRequest, headers: dict[str, str] | None, *, model: str, default_tenant: str, route: str
+) -> RequestContext:
+    lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    protocol: Protocol = "v2-grpc" if payload.from_grpc else "v2-rest"
+    tenant = _tenant(default_tenant)
+    tracing.annotate(semserve__protocol=protocol, semserve__tenant=tenant, gen_ai__request__model=model)
+    return RequestContext(
+        tenant=tenant,
+        request_id=text_model.request_id(payload, lowered),
+        protocol=protocol,
+        route=route,
+        cache_control=cache_control(lowered),
+    )
+
+
+def openai_context(
+    http: openai_routes.RequestContext, *, model: str, default_tenant: str, route: str
+) -> RequestContext:
+    tenant = _tenant(default_tenant)
+    tracing.annotate(semserve__protocol="openai", semserve__tenant=tenant, gen_ai__request__model=model)
+    return RequestContext(
+        tenant=tenant,
+        request_id=http.request_id,
+        protocol="openai",
+        route=route,
+        cache_control=cache_control(http.headers),
+    )
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """How one request ended: what the request log writes (a stream: once it ends)."""
+
+    context: RequestContext
+    status: int  # HTTP-like: 200, 4xx, 499 (the client left), 5xx
+    prompts: list[str]  # the text matched per prompt (a chat: its last user message)
+    cache: list[str] = field(default_factory=list)  # one cache status per prompt
+    answers: list[str] = field(default_factory=list)
+    error: str | None = None
+    # The request as received, for the full log: v2 REST parameters, or the OpenAI request body.
+    parameters: dict[str, Any] | None = None
+    body: BaseModel | None = None
+
+    @classmethod
+    def failed(cls, context: RequestContext, exc: BaseException, prompts: list[str]) -> RequestRecord:
+        """A request whose handling raised `exc` before it had an answer."""
+        return cls(context, status_of(exc), prompts, error=error_text(exc))
+
+
+Listener = Callable[[RequestRecord], None]
+
+
+def ignore(_: RequestRecord) -> None:
+    """The listener when nothing records requests."""
+
+
+def error_text(exc: BaseException) -> str:
+    """What the request log says about why a request failed."""
+    if isinstance(exc, ServingError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}"
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status a request ends with when its handling raised `exc`."""
+    if isinstance(exc, ServingError):
+        return exc.http_status
+    if isinstance(exc, InvalidInput):
+        return 400
+    if isinstance(exc, ModelNotFound):
+        return 404
+    if isinstance(exc, ServerNotReady):
+        return 503
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return 499
+    return 500
