@@ -15,7 +15,7 @@ COMMAND_MODULES = [
     "semserve.commands.model",
     "semserve.commands.up",
     "semserve.commands.settings",
-    "semserve.audit",
+    "semserve.tooling.dependency_audit",
     "predictors.cli",
     "transformers_svc.cli",
     "bench.cli",

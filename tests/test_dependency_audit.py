@@ -1,4 +1,5 @@
-"""`semserve audit deps` (semserve/audit.py): the dependency vulnerability audit, and CI's run of it.
+"""`semserve audit deps` (semserve/tooling/dependency_audit/): the dependency vulnerability audit,
+and CI's run of it.
 
 The policy tests run the real command against a FAKE advisory service on 127.0.0.1: one HTTP server
 that plays both OSV's API (`/v1/querybatch`, `/v1/vulns/{id}`) and PyPI's JSON API
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from semserve import audit
+from semserve.tooling import dependency_audit as audit
 from tests.support import ROOT, free_port
 
 TODAY = dt.date.today()
