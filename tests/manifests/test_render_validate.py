@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from serverless import settings_from_manifest as sfm
+from serverless import kustomize
 from serverless import tenant_validate as tv
 from tests.manifests.conftest import DIRS, MANIFESTS, OVERLAYS, by_kind
 
@@ -32,7 +32,7 @@ def test_builtin_renderer_matches_kubectl(overlay: str, rendered: Docs) -> None:
     def key(d: dict[str, Any]) -> tuple[str, str]:
         return d["kind"], d["metadata"]["name"]
 
-    builtin = {key(d): d for d in sfm.render_kustomization(MANIFESTS / "overlays" / overlay)}
+    builtin = {key(d): d for d in kustomize.render_kustomization(MANIFESTS / "overlays" / overlay)}
     kubectl = {key(d): d for d in rendered[f"overlays/{overlay}"]}
     assert builtin == kubectl
 

