@@ -5,9 +5,11 @@ transformer's gRPC auth share."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -65,6 +67,15 @@ class CallInterceptor(aio.ServerInterceptor):
         raise NotImplementedError
 
 
+@dataclass
+class _GuardedCall:
+    """One call as the guard sees it: its span, and how it ended for the log line and the span."""
+
+    traced: Any
+    code: str = "OK"
+    responses: int = 0
+
+
 class GrpcGuard(CallInterceptor):
     """Drain refusal, in-flight count, request id, log line and server span for every call."""
 
@@ -72,43 +83,20 @@ class GrpcGuard(CallInterceptor):
         self.state = state
 
     def wrap(self, method: str, metadata_items: tuple[Any, ...], inner: UnaryCall) -> UnaryCall:
-        guarded = not method.endswith(("/ServerLive", "/ServerReady"))
         metadata = dict(metadata_items)
         rid = str(metadata.get("x-request-id") or uuid.uuid4().hex)
+        probe = method.endswith(("/ServerLive", "/ServerReady"))
 
         async def call(request: Any, context: aio.ServicerContext) -> Any:
             token = request_id_var.set(rid)
-            started = time.monotonic()
-            code = "OK"
-            traced = grpc_span(method, metadata, rid, context) if guarded else None
             try:
-                if guarded and self.state.draining:
-                    code = "UNAVAILABLE"
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
-                if guarded:
-                    self.state.enter()
-                try:
+                if probe:  # never refused, counted, logged or traced (as the HTTP probes)
+                    return await inner(request, context)
+                async with self._guard("grpc_request", method, metadata, rid, context) as guarded:
                     response = await inner(request, context)
-                    grpc_traceresponse(traced, context)
+                    grpc_traceresponse(guarded.traced, context)
                     return response
-                except asyncio.CancelledError:
-                    code = "CANCELLED"
-                    raise
-                except Exception:
-                    code = "ERROR"
-                    raise
-                finally:
-                    if guarded:
-                        self.state.leave()
             finally:
-                if guarded:
-                    log.info(
-                        "grpc_request",
-                        method=method,
-                        code=code,
-                        duration_ms=round((time.monotonic() - started) * 1000, 2),
-                    )
-                end_grpc_span(traced, context, code)
                 request_id_var.reset(token)
 
         return call
@@ -121,38 +109,44 @@ class GrpcGuard(CallInterceptor):
             # An async generator's context is its consumer's: grpc runs this one in the call's own
             # task, so the request id and span set here reach the handler and its tasks.
             request_id_var.set(rid)
-            started = time.monotonic()
-            code = "OK"
-            responses = 0
-            traced = grpc_span(method, metadata, rid, context)
-            try:
-                if self.state.draining:
-                    code = "UNAVAILABLE"
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
-                self.state.enter()
-                try:
-                    async for response in inner(requests, context):
-                        responses += 1
-                        yield response
-                    grpc_traceresponse(traced, context)
-                except (asyncio.CancelledError, GeneratorExit):
-                    code = "CANCELLED"
-                    raise
-                except Exception:
-                    code = "ERROR"
-                    raise
-                finally:
-                    self.state.leave()
-            finally:
-                log.info(
-                    "grpc_stream",
-                    method=method,
-                    code=code,
-                    responses=responses,
-                    duration_ms=round((time.monotonic() - started) * 1000, 2),
-                )
-                end_grpc_span(traced, context, code)
+            async with self._guard("grpc_stream", method, metadata, rid, context) as guarded:
+                async for response in inner(requests, context):
+                    guarded.responses += 1
+                    yield response
+                grpc_traceresponse(guarded.traced, context)
 
         return stream
 
-
+    @contextlib.asynccontextmanager
+    async def _guard(
+        self, event: str, method: str, metadata: dict[str, Any], rid: str, context: aio.ServicerContext
+    ) -> AsyncIterator[_GuardedCall]:
+        """What unary calls and streams share: refused while draining, counted while in flight,
+        one log line `event` and the server span when done."""
+        started = time.monotonic()
+        guarded = _GuardedCall(grpc_span(method, metadata, rid, context))
+        try:
+            if self.state.draining:
+                guarded.code = "UNAVAILABLE"
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+            self.state.enter()
+            try:
+                yield guarded
+            except (asyncio.CancelledError, GeneratorExit):
+                guarded.code = "CANCELLED"
+                raise
+            except Exception:
+                guarded.code = "ERROR"
+                raise
+            finally:
+                self.state.leave()
+        finally:
+            counts = {"responses": guarded.responses} if event == "grpc_stream" else {}
+            log.info(
+                event,
+                method=method,
+                code=guarded.code,
+                **counts,
+                duration_ms=round((time.monotonic() - started) * 1000, 2),
+            )
+            end_grpc_span(guarded.traced, context, guarded.code)
