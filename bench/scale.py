@@ -407,10 +407,8 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _redis_server() -> type:
-    try:
-        from semserve.tooling.redis_server import RedisServer  # type: ignore[import-not-found]
-    except ImportError:
-        from cache.redis_server import RedisServer
+    from semserve.tooling.local_redis import RedisServer
+
     return RedisServer
 
 
@@ -420,10 +418,10 @@ def run_size(n: int, args: argparse.Namespace, rng: random.Random) -> ScaleRow:
     from cache.schema import IndexSchema
 
     tenants = max(1, min(args.tenants, n))
-    schema = IndexSchema(DEPLOYMENT, hnsw_m=args.hnsw_m, hnsw_ef_construction=args.ef_construction,
-                         **({"hnsw_ef_runtime": args.ef_runtime_default} if args.ef_runtime_default else {}))
-    ef_default = getattr(schema, "hnsw_ef_runtime", 10)
-    row = ScaleRow(n, tenants, f"{schema.hnsw_m}/{schema.hnsw_ef_construction}/{ef_default}")
+    hnsw = {"hnsw_m": args.hnsw_m, "hnsw_ef_construction": args.ef_construction,
+            "hnsw_ef_runtime": args.ef_runtime_default}
+    schema = IndexSchema(DEPLOYMENT, **{k: v for k, v in hnsw.items() if v})  # unset: cache.schema's
+    row = ScaleRow(n, tenants, f"{schema.hnsw_m}/{schema.hnsw_ef_construction}/{schema.hnsw_ef_runtime}")
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="redis-scale-bench-", dir=LOG_DIR))
     server = _redis_server()(_free_port(), data_dir=data_dir)
@@ -530,8 +528,11 @@ def plot(rows: Sequence[ScaleRow], path: Path) -> None:
 
 def command_line(args: argparse.Namespace) -> str:
     parts = [f"semserve bench scale --entries {args.entries} --tenants {args.tenants}",
-             f"--queries {args.queries}", f"--hnsw-m {args.hnsw_m}",
-             f"--ef-construction {args.ef_construction}"]
+             f"--queries {args.queries}"]
+    if args.hnsw_m:
+        parts.append(f"--hnsw-m {args.hnsw_m}")
+    if args.ef_construction:
+        parts.append(f"--ef-construction {args.ef_construction}")
     if args.ef_runtime:
         parts.append(f"--ef-runtime {args.ef_runtime}")
     if args.ef_runtime_default:
@@ -583,8 +584,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--noise", type=float, default=0.5,
                    help="length of the random vector added to a stored vector to make a KNN query "
                         "(0.5: cosine about 0.89 to its source)")
-    p.add_argument("--hnsw-m", type=int, default=16)
-    p.add_argument("--ef-construction", type=int, default=200)
+    p.add_argument("--hnsw-m", type=int, default=0, help="HNSW M (0: cache.schema's)")
+    p.add_argument("--ef-construction", type=int, default=0, help="HNSW EF_CONSTRUCTION (0: cache.schema's)")
     p.add_argument("--ef-runtime", default="", help="EF_RUNTIME values to try on the query, e.g. 10,50")
     p.add_argument("--ef-runtime-default", type=int, default=0, help="the index's EF_RUNTIME (0: schema)")
     p.add_argument("--index-timeout", type=float, default=7200.0, help="seconds to wait for the index")

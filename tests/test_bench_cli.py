@@ -50,3 +50,10 @@ def test_bench_stream_levels_and_ratios() -> None:
     assert abs(r.ttft_p50 - 1.10) < 1e-9 and abs(r.ttft_added_ms - 10.0) < 1e-9
     assert abs(r.itl_p50 - 1.05) < 1e-9 and r.meets_goals
     assert not ratios(summarize([Sample(111.0, 20.0, 64, 64)]), ref).meets_goals
+
+
+def test_bench_scale_help_parses() -> None:
+    r = subprocess.run([sys.executable, "-m", "semserve", "bench", "scale", "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--entries" in r.stdout and "--tenants" in r.stdout and "--ef-runtime" in r.stdout
