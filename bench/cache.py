@@ -619,12 +619,12 @@ def eval_table(reports: Sequence[Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cache import eval as cache_eval
     from cache.embedder import Embedder, EmbedderSettings
     from cache.keys import normalize_text
-    from cache.redis_server import RedisServer
     from cache.verify import RuleVerifier
     from semserve import model_prep
+    from semserve.tooling import cache_eval
+    from semserve.tooling.local_redis import RedisServer
 
     started = time.monotonic()
     load_start = os.getloadavg()[0]

@@ -209,7 +209,7 @@ def _fmt(v: float | None) -> str:
 
 @contextlib.contextmanager
 def _redis() -> Iterator[str]:
-    from cache.redis_server import RedisServer
+    from semserve.tooling.local_redis import RedisServer
 
     server = RedisServer(_free_port(), data_dir=LOG_DIR / "redis").start()
     try:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from cache.eval import Outcome, Pair, Report, summarize
+from semserve.tooling.cache_eval import Outcome, Pair, Report, summarize
 
 DEFAULT_DISTANCE_THRESHOLD = 0.1  # RedisVL's default: cosine distance, i.e. similarity >= 0.9
 
@@ -118,8 +118,9 @@ def evaluate(
     distance_threshold: float = DEFAULT_DISTANCE_THRESHOLD,
     name: str = "bench_redisvl_eval",
 ) -> Report:
-    """The labelled pairs through RedisVL, isolated per pair like cache.eval.evaluate_through_cache
-    does with a fresh tenant: `a` is stored with tag pair=i, `b` is checked with a filter pair == i.
+    """The labelled pairs through RedisVL, isolated per pair like
+    semserve.tooling.cache_eval.evaluate_through_cache does with a fresh tenant: `a` is stored with
+    tag pair=i, `b` is checked with a filter pair == i.
     Served = RedisVL returned a hit (the filter makes it `a`'s)."""
     peer = Peer(redis_url, embedder, name, distance_threshold, filterable=True)
     outs: list[Outcome] = []

@@ -611,8 +611,8 @@ def _wait_http(url: str, timeout_s: float) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from bench.cache import Proc
-    from cache.redis_server import RedisServer
     from semserve.loadbalancer import Backend, Frontend, LoadBalancer
+    from semserve.tooling.local_redis import RedisServer
     from transformers_svc.auth import hash_key
 
     duration = parse_duration(args.duration)

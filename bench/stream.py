@@ -375,7 +375,7 @@ class Run:
 
 
 def _ours(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int) -> None:
-    from cache.redis_server import RedisServer
+    from semserve.tooling.local_redis import RedisServer
 
     redis_dir = Path(tempfile.mkdtemp(prefix="redis-stream-bench-", dir=LOG_DIR))
     redis = RedisServer(_free_port(), data_dir=redis_dir)

@@ -2,7 +2,7 @@
 
 Other modules add subcommands under `semserve cache` with `cache_subparsers(sub)`:
 
-    # cache/eval_cli.py, listed in semserve.cli.COMMAND_MODULES
+    # semserve/tooling/cache_eval.py, listed in semserve.cli.COMMAND_MODULES
     def register(sub):
         p = cache_subparsers(sub).add_parser("eval", help="...")
         p.set_defaults(func=_eval)
@@ -68,13 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     CacheSettings.add_arguments(inspect, only=STORE_SETTINGS)
     inspect.set_defaults(func=_inspect)
 
-    # The scorer's two offline commands live in their own modules; semserve.cli lists this one.
-    from cache import pairgen, train
+    # The scorer's two offline commands live in the tooling area; semserve.cli lists this module.
+    from semserve.tooling import pair_generation, scorer_training
 
-    train.register(sub)
+    scorer_training.register(sub)
     pairs = cs.add_parser("pairs", help="rebuild the labelled pairs from the seeds (data/pairs_*.jsonl)")
-    pairgen.add_arguments(pairs)
-    pairs.set_defaults(func=pairgen.run)
+    pair_generation.add_arguments(pairs)
+    pairs.set_defaults(func=pair_generation.run)
 
 
 async def _with_store(args: argparse.Namespace, op: str) -> Any:

@@ -1,9 +1,10 @@
 """Features of one (query, cached prompt) pair for the learned scorer (cache.scorer).
 
-Kept apart from the model so training (cache.train) and serving compute the very same numbers.
-Every feature is cheap (the per-text analysis of cache.verify.analysis is memoized) and general: counts,
-overlaps and the rules' verdicts, never a word identity, so the model cannot memorize the
-vocabulary of its training pairs; the embedder's cosine carries the meaning.
+Kept apart from the model so training (semserve.tooling.scorer_training) and serving compute the
+very same numbers. Every feature is cheap (the per-text analysis of cache.verify.analysis is
+memoized) and general: counts, overlaps and the rules' verdicts, never a word identity, so the
+model cannot memorize the vocabulary of its training pairs; the embedder's cosine carries the
+meaning.
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ import numpy as np
 
 from cache.pairfeatures import FEATURE_NAMES
 
-DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "data" / "scorer.json"
+# The scorer file and the labelled pairs it was trained and calibrated on (semserve/tooling/).
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DEFAULT_MODEL_PATH = DATA_DIR / "scorer.json"
 FORMAT_VERSION = 1
 
 

@@ -21,7 +21,7 @@ COMMAND_MODULES = [
     "bench.cli",
     "cache.cli",
     "cache.embedder_cli",
-    "cache.eval",
+    "semserve.tooling.cache_eval",
     "serverless.cli",
     "serverless.tenant",
 ]

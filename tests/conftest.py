@@ -121,7 +121,7 @@ def start_transformer(
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    from cache.redis_server import RedisServer
+    from semserve.tooling.local_redis import RedisServer
 
     server = RedisServer(free_port(), data_dir=LOG_DIR / "redis-suite").start()
     try:

@@ -57,7 +57,7 @@ def log_line(what: str, t0: float) -> None:
 def test_redis_killed_under_load_then_restarted_and_restarted_empty(
     predictor: Predictor, log_dir: Path
 ) -> None:
-    from cache.redis_server import RedisServer
+    from semserve.tooling.local_redis import RedisServer
 
     # Under the suite's logs, not a temporary directory: a Redis that fails to come back on its
     # AOF leaves its files for a look.

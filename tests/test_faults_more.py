@@ -82,7 +82,7 @@ def until_exact(t: Transformer, predictor: Predictor, prompt: str, within_s: flo
 def slow_redis(
     predictor: Predictor, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Transformer, FaultProxy]]:
-    from cache.redis_server import RedisServer
+    from semserve.tooling.local_redis import RedisServer
 
     port = free_port()
     redis = RedisServer(port, data_dir=tmp_path_factory.mktemp("redis-slow")).start()

@@ -29,10 +29,10 @@ import pytest
 
 from cache.keys import CacheRequest
 from cache.policy import SemanticCache
-from cache.redis_server import RedisServer, server_binary
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore, make_client
 from semserve.config import Settings
+from semserve.tooling.local_redis import RedisServer, server_binary
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 from tests.conftest import LOG_DIR, Predictor, start_transformer
 from tests.support import free_port

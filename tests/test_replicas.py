@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from cache.redis_server import RedisServer
 
 from semserve import loadbalancer
 from semserve.loadbalancer import Backend, Frontend, LoadBalancer
+from semserve.tooling.local_redis import RedisServer
 from tests.conftest import LOG_DIR, Predictor, Transformer
 from tests.support import ServerProcess, free_port, http_ready, metric_value
 

@@ -31,7 +31,7 @@ def status(r: httpx.Response) -> str:
 
 
 def test_redis_killed_then_restarted(predictor: Predictor, tmp_path: Path) -> None:
-    from cache.redis_server import RedisServer
+    from semserve.tooling.local_redis import RedisServer
 
     port = free_port()
     redis = RedisServer(port, data_dir=tmp_path / "r1").start()

@@ -114,7 +114,7 @@ def components(args: argparse.Namespace) -> list[Component]:
     every = [
         Component(
             "redis",
-            [py, "-m", "cache.redis_server", "--port", str(args.redis_port),
+            [py, "-m", "semserve.tooling.local_redis", "--port", str(args.redis_port),
              "--data-dir", str(args.redis_data_dir)],
             [args.redis_port],
             lambda: _redis_ready(args.redis_port),

@@ -11,9 +11,9 @@ import redis
 
 from cache.keys import CacheRequest
 from cache.policy import SemanticCache
-from cache.redis_server import RedisServer, free_port
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
+from semserve.tooling.local_redis import RedisServer, free_port
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 
 

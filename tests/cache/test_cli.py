@@ -11,7 +11,7 @@ from pathlib import Path
 import redis
 
 from cache.cli import cache_subparsers, register
-from cache.redis_server import RedisServer
+from semserve.tooling.local_redis import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

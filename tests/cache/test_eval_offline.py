@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from cache.embedder import Embedder
-from cache.eval import (
+from cache.interfaces import Verdict
+from cache.verify import RuleVerifier, VerifierSettings
+from semserve.tooling.cache_eval import (
     GOAL_MAX_WRONG,
     GOAL_MIN_SERVED,
     SPLITS,
@@ -23,9 +25,7 @@ from cache.eval import (
     main,
     pair_similarities,
 )
-from cache.interfaces import Verdict
-from cache.redis_server import RedisServer
-from cache.verify import RuleVerifier, VerifierSettings
+from semserve.tooling.local_redis import RedisServer
 
 # (pair, expected rule). Served exactly when same_answer: every one is decided right today.
 FIXTURE: list[tuple[Pair, str]] = [

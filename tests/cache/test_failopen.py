@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cache.policy import SemanticCache
-from cache.redis_server import RedisServer, free_port
 from cache.store import RedisCacheStore
+from semserve.tooling.local_redis import RedisServer, free_port
 
 from .conftest import chat, make_settings
 from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from cache.redis_server import PortInUseError, RedisServer, free_port
+from semserve.tooling.local_redis import PortInUseError, RedisServer, free_port
 
 
 def test_session_server_has_search(redis_server: RedisServer) -> None:
@@ -37,7 +37,8 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
 def test_module_runs_in_foreground_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cache.redis_server", "--port", str(port), "--data-dir", str(tmp_path)],
+        [sys.executable, "-m", "semserve.tooling.local_redis", "--port", str(port),
+         "--data-dir", str(tmp_path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -78,7 +79,7 @@ def test_server_dies_with_a_parent_killed_by_sigkill(tmp_path: Path) -> None:
     port = free_port()
     script = (
         "import sys, time\n"
-        "from cache.redis_server import RedisServer\n"
+        "from semserve.tooling.local_redis import RedisServer\n"
         f"s = RedisServer(port={port}, data_dir={str(tmp_path)!r}).start()\n"
         "print(s.process.pid, flush=True)\n"
         "time.sleep(600)\n"

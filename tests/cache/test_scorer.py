@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache import pairgen
 from cache.embedder import Embedder, EmbedderSettings
-from cache.eval import SPLITS, load_pairs, main
 from cache.interfaces import Verdict
 from cache.pairfeatures import FEATURE_NAMES, pair_features
 from cache.scorer import PairScorer, calibration_curve, default_scorer
 from cache.settings import CacheSettings
 from cache.verify import RuleVerifier, VerifierSettings
+from semserve.tooling import pair_generation
+from semserve.tooling.cache_eval import SPLITS, load_pairs, main
 
 KNN_FLOOR = CacheSettings().min_similarity
 
@@ -225,7 +225,7 @@ def test_shipped_scorer_matches_the_features() -> None:
 
 
 def test_pair_set_is_deterministic_and_split_by_seed(tmp_path: Path) -> None:
-    built = pairgen.build()
+    built = pair_generation.build()
     for split, rows in built.items():
         on_disk = [json.loads(line) for line in SPLITS[split].read_text().splitlines()]
         assert rows == on_disk, f"{split}: regenerate with `semserve cache pairs`"
@@ -235,14 +235,14 @@ def test_pair_set_is_deterministic_and_split_by_seed(tmp_path: Path) -> None:
     total = sum(len(r) for r in built.values())
     assert total >= 3000
     cats = {r["category"] for rows in built.values() for r in rows}
-    assert set(pairgen.SAME_CATEGORIES) | set(pairgen.TRAP_CATEGORIES) == cats
+    assert set(pair_generation.SAME_CATEGORIES) | set(pair_generation.TRAP_CATEGORIES) == cats
     for rows in built.values():
-        assert all(r["same_answer"] == (r["category"] in pairgen.SAME_CATEGORIES) for r in rows)
+        assert all(r["same_answer"] == (r["category"] in pair_generation.SAME_CATEGORIES) for r in rows)
 
 
 def test_seed_parser_rejects_unknown_kinds() -> None:
     with pytest.raises(ValueError, match="unknown trap kind"):
-        pairgen.parse_seeds("== x | d\n= a\n! sarcasm: b\n")
+        pair_generation.parse_seeds("== x | d\n= a\n! sarcasm: b\n")
 
 
 def test_eval_cli_prints_categories_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -275,7 +275,7 @@ class _HashEmbedder:
 
 
 def test_train_writes_a_loadable_calibrated_scorer(tmp_path: Path) -> None:
-    from cache.train import train
+    from semserve.tooling.scorer_training import train
 
     pairs = load_pairs(SPLITS["train"])[:300]
     calib = load_pairs(SPLITS["calib"])[:120]

@@ -3,7 +3,7 @@ ACL file that redis-server loads with --aclfile, and the probes authenticate wit
 
 The init container's script is taken from the rendered StatefulSet and run here with `sh`, with only
 its two path variables (SECRET_FILE, ACL_FILE) pointed at temp files; the real local Valkey +
-RediSearch server (cache/redis_server.py) is then started on the ACL file it wrote.
+RediSearch server (semserve/tooling/local_redis.py) is then started on the ACL file it wrote.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cache.redis_server import RedisServer, free_port
+from semserve.tooling.local_redis import RedisServer, free_port
 from tests.manifests.conftest import by_kind
 
 Docs = dict[str, list[dict[str, Any]]]

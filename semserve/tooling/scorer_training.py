@@ -3,10 +3,10 @@ split, write cache/data/scorer.json. The test split is not read here (it is only
 
     semserve cache train [--train FILE ...] [--calib FILE ...] [--out PATH]
 
-Reproducible: the pair files are deterministic (cache.pairgen), the embedder is fixed and the
-boosting has a fixed random state, so the same inputs give the same file. A tenant recalibrates on
-its own labelled pairs with `--calib their_pairs.jsonl` (and may add them to training with
-`--train`); the README says how.
+Reproducible: the pair files are deterministic (semserve.tooling.pair_generation), the embedder is
+fixed and the boosting has a fixed random state, so the same inputs give the same file. A tenant
+recalibrates on its own labelled pairs with `--calib their_pairs.jsonl` (and may add them to
+training with `--train`); the README says how.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from cache.eval import Pair, load_pairs, pair_similarities
 from cache.pairfeatures import FEATURE_NAMES, pair_features
-from cache.pairgen import SPLIT_FILES
 from cache.scorer import DEFAULT_MODEL_PATH, FORMAT_VERSION, calibration_curve, export_hgb
+from semserve.tooling.cache_eval import Pair, load_pairs, pair_similarities
+from semserve.tooling.pair_generation import SPLIT_FILES
 
 # Small on purpose: a few thousand pairs, ~30 features. Chosen on the calibration split (served
 # share at 1 % wrong) among 48 settings (rounds 100/300, 7/15/31 leaves, min leaf 10/40, learning rate
@@ -126,7 +126,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cache.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m semserve.tooling.scorer_training", description=__doc__.splitlines()[0]
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -5,7 +5,7 @@ Debian's redis is too old for FT.CREATE ... VECTOR; these two wheels give one th
 root or Docker. SEMSERVE_REDIS_SERVER / SEMSERVE_REDISEARCH_MODULE override the two paths (e.g. a
 real redis-stack-server in a container image).
 
-    python -m cache.redis_server --port 6380        # foreground until Ctrl-C / SIGTERM
+    python -m semserve.tooling.local_redis --port 6380        # foreground until Ctrl-C / SIGTERM
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Self
 from semserve import logs
 from semserve.logs import get_logger
 
-log = get_logger("cache.redis_server")
+log = get_logger("semserve.tooling.local_redis")
 
 
 class RedisServerError(RuntimeError):
@@ -282,7 +282,9 @@ def _name(module: dict[bytes | str, object]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cache.redis_server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m semserve.tooling.local_redis", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--port", type=int, default=6380)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--data-dir", type=Path, default=None, help="default: .semserve/redis-PORT")

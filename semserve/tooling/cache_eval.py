@@ -16,9 +16,10 @@ Paths:
     semserve cache eval [--split test|calib|train|eval|tune ...] [--pairs FILE] [--json] [--plot PNG]
                         [--cache-max-wrong-rate R] [--mistakes]
 
-Default splits: `test` (the held-out split of the project's pair set, cache/pairgen.py; never used
-to choose anything) and `eval` (cache/data/eval_pairs.jsonl, the older hand-written set). The tables
-put, on the same embeddings: the verifier as configured (the learned scorer at the operating point
+Default splits: `test` (the held-out split of the project's pair set,
+semserve/tooling/pair_generation.py; never used to choose anything) and `eval`
+(cache/data/eval_pairs.jsonl, the older hand-written set). The tables put, on the same embeddings:
+the verifier as configured (the learned scorer at the operating point
 `--cache-max-wrong-rate` picks), the rules alone, plain cosine 0.80 (GPTCache's default) and cosine
 0.90 (= RedisVL SemanticCache's default distance_threshold 0.1), overall and per category.
 `--plot PATH` draws precision vs hit ratio for the scorer and plain cosine, the chosen point marked.
@@ -39,8 +40,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from cache.interfaces import Verdict, Verifier
+from cache.scorer import DATA_DIR
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
 SPLITS = {
     "test": DATA_DIR / "pairs_test.jsonl",
     "calib": DATA_DIR / "pairs_calib.jsonl",
@@ -441,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
         if args.plot is not None and n == 0 and verifier.scorer is not None:
-            from cache.evalplot import plot_curves
+            from semserve.tooling.cache_eval_plot import plot_curves
 
             scores = [
                 verifier.probability(p.b, p.a, float(s)) if s >= knn_floor else 0.0
@@ -479,9 +480,9 @@ def _run_through_private_redis(
     import tempfile
 
     from cache.policy import SemanticCache
-    from cache.redis_server import RedisServer, free_port
     from cache.settings import CacheSettings
     from cache.store import RedisCacheStore
+    from semserve.tooling.local_redis import RedisServer, free_port
 
     with tempfile.TemporaryDirectory(prefix="semserve-eval-redis-") as tmp:
         server = RedisServer(port=free_port(), data_dir=tmp)
@@ -518,7 +519,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cache.eval", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m semserve.tooling.cache_eval", description=__doc__.splitlines()[0]
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

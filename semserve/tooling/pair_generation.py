@@ -2,8 +2,8 @@
 
 Deterministic (no clock, no global random state): the same seeds give byte-identical files.
 
-    .venv/bin/python -m cache.pairgen            # writes cache/data/pairs_{train,calib,test}.jsonl
-    semserve cache pairs                         # the same
+    semserve cache pairs                        # writes cache/data/pairs_{train,calib,test}.jsonl
+    .venv/bin/python -m semserve.tooling.pair_generation    # the same
 
 Each seed *intent* is a group of phrasings with the same answer ("=" lines), look-alikes with
 another answer ("! kind:" lines) and slots filled from value lists. From one intent:
@@ -33,7 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+from cache.scorer import DATA_DIR
+
 SPLIT_FILES = {s: DATA_DIR / f"pairs_{s}.jsonl" for s in ("train", "calib", "test")}
 # Share of intents per split (by hash of the intent id): enough calibration pairs to estimate a
 # 1 % error rate, a test split the size of a real held-out set.
@@ -271,7 +272,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cache.pairgen", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m semserve.tooling.pair_generation", description=__doc__.splitlines()[0]
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
