@@ -139,7 +139,8 @@ class ReplicaFlights:
             if got:
                 self.counters.leaders += 1
                 self.counters.takeovers += taken_over
-                return Claim("leader", time.monotonic() - started, self._hold(lease, chan, token))
+                hold = self._hold(lease, chan, token, hold_s=wait_s)
+                return Claim("leader", time.monotonic() - started, hold)
             remaining = wait_s - (time.monotonic() - started)
             if remaining <= 0:
                 self.counters.wait_timeouts += 1
@@ -180,11 +181,16 @@ class ReplicaFlights:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
 
-    def _hold(self, lease: str, chan: str, token: str) -> Callable[[bool], Awaitable[None]]:
-        """Renew the lease while the leader generates; the returned coroutine function ends it."""
+    def _hold(
+        self, lease: str, chan: str, token: str, hold_s: float
+    ) -> Callable[[bool], Awaitable[None]]:
+        """Renew the lease while the leader generates; the returned coroutine function ends it.
+        Renewal stops after `hold_s` (the waiters' budget: nobody waits longer), so a lease its
+        holder forgot to release expires on its own."""
 
         async def renew() -> None:
-            while True:
+            until = time.monotonic() + hold_s
+            while time.monotonic() < until:
                 await asyncio.sleep(self.lease_ms / 3000.0)
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
                     async with asyncio.timeout(self.op_timeout_s):

@@ -22,7 +22,9 @@ Single flight (`run_once`): concurrent identical misses in this process (same ex
 - if the leader is cancelled (its client went away), the waiters are not: they form a new flight,
   one of them becomes the leader.
 - a waiter whose wait runs out calls its own `produce` (bounded wait, never a hang).
-Replicas do not coordinate: each pod runs its own flights.
+Across replicas (cache/lease.py, `singleflight_replicas`): this process's leader of a key first
+takes a lease in Redis; when another replica holds it, it waits for that replica's stored answer
+and serves it. Only flights whose answer would be stored take part.
 
 Tracing (OpenTelemetry API only, through semserve.tracing; no-ops unless the request is traced):
 `semserve.cache.lookup` with children HMGET (exact), `semserve.cache.embed`, FT.SEARCH (KNN) and
@@ -50,6 +52,7 @@ from cache import keys
 from cache.answer import Payload
 from cache.interfaces import Embedder, Verdict, Verifier
 from cache.keys import CacheRequest
+from cache.lease import Claim, ReplicaFlights
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore, is_missing_index
 from semserve import tracing
@@ -137,6 +140,12 @@ class SemanticCache:
         self._failing: dict[str, str] = {}  # component -> last error, for one log line per change
         self._flights: dict[str, asyncio.Future[Any]] = {}
         self._db_attrs = _redis_attributes(store)
+        client = getattr(store, "client", None)  # test doubles may have no Redis
+        self.replica_flights = (
+            ReplicaFlights(client, store.schema.index_name, lease_ms=settings.singleflight_lease_ms,
+                           op_timeout_s=settings.store_timeout_ms / 1000.0)
+            if settings.singleflight_replicas and client is not None else None
+        )  # fmt: skip
 
     def _redis_span(self, operation: str, target: str | None = None) -> Any:
         name = f"{operation} {target}" if target else operation
@@ -499,9 +508,11 @@ class SemanticCache:
         # Nobody may be waiting: do not let asyncio log "exception never retrieved".
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._flights[key] = fut
+        claim = await self.claim_replicas(req) if store else Claim("alone")
         try:
             try:
-                answer = await produce()
+                shared = await self.peer_answer(req) if claim.role == "answered" else None
+                answer = shared if shared is not None else await produce()
             except asyncio.CancelledError:
                 fut.set_exception(_LeaderCancelled())
                 raise
@@ -509,12 +520,36 @@ class SemanticCache:
                 fut.set_exception(e)
                 raise
             fut.set_result(answer)  # release the waiters before the store round trip
-            if store and (should_store is None or should_store(answer)):
-                await self.store(req, answer, vector)  # type: ignore[arg-type]
+            if shared is None and store and (should_store is None or should_store(answer)):
+                await claim.release(await self.store(req, answer, vector))  # type: ignore[arg-type]
             return answer
         finally:
+            await claim.release(False)  # not stored (or already released): one waiter takes over
             if self._flights.get(key) is fut:
                 del self._flights[key]
+
+    async def claim_replicas(self, req: CacheRequest) -> Claim:
+        """The cross-replica lease of `req` (cache/lease.py): lead, read a peer's stored answer, or
+        go alone (off, Redis known down, wait ran out)."""
+        req = self._scoped(req)
+        if self.replica_flights is None or self.counters.degraded or self._skip(req):
+            return Claim("alone")
+        key = keys.exact_key(req, self.redis_store.schema.version)
+        with tracing.span("semserve.cache.singleflight.lease") as span:
+            claim = await self.replica_flights.claim(key, self.settings.singleflight_wait_s)
+            span.set_attribute("semserve.cache.singleflight.role", claim.role)
+        if claim.role == "answered":
+            self.counters.singleflight_joined += 1
+        return claim
+
+    async def peer_answer(self, req: CacheRequest) -> Payload | None:
+        """The answer another replica stored for `req` (None: gone, or Redis failed: produce)."""
+        try:
+            async with asyncio.timeout(self.settings.lookup_timeout_ms / 1000.0):
+                hit = await self.redis_store.get_exact(self._scoped(req))
+        except (RedisError, *_UNREACHABLE):
+            return None
+        return hit.answer if hit is not None else None
 
     async def serve(
         self,

@@ -49,6 +49,16 @@ class CacheSettings(Settings):
         60.0,
         "How long identical concurrent misses wait for the first one's answer before producing their own.",
     )
+    singleflight_replicas: bool = setting(
+        True,
+        "Single flight across replicas on one Redis: the first replica to miss on a key takes a "
+        "lease in Redis and the others wait (up to singleflight_wait_s) for its stored answer.",
+    )
+    singleflight_lease_ms: int = setting(
+        3000,
+        "Lifetime of a cross-replica single-flight lease, renewed while its holder generates: the "
+        "longest a replica that died holding one delays the others.",
+    )
     knn_k: int = setting(5, "Nearest neighbours fetched per semantic lookup.")
     # The one similarity floor: the policy drops KNN candidates under it and the verifier rejects
     # them (rule `below_floor`), so the two can never disagree.

@@ -19,6 +19,7 @@ from typing import Any
 
 from cache.answer import Answer
 from cache.keys import CacheRequest, Kind, SamplingParams
+from cache.lease import Claim
 from cache.policy import LookupResult, SemanticCache
 from semserve.logs import get_logger
 from transformers_svc import metrics
@@ -161,17 +162,55 @@ class CacheFront:
         if key is None:
             return start()
         vector = res.vector if res is not None else None
+        claims: list[Claim] = []  # the cross-replica lease of this generation, once it starts
 
         async def on_complete(pieces: list[Piece]) -> None:
-            await self.store(req, mode, answer_of(pieces), vector)
+            claim = claims[0] if claims else Claim("alone")
+            answer = answer_of(pieces)
+            if claim.role != "answered" and self.cache is not None and mode.store and self.storable(answer):
+                await claim.release(await self.cache.store(req, answer, vector))
+            await claim.release(False)
 
-        stream, started = self.streams.listen(key, start, on_complete, lambda p: p.finish_reason is not None)
+        def across_replicas() -> AsyncIterator[Piece]:
+            return self._replica_stream(req, mode, start, claims)
+
+        stream, started = self.streams.listen(
+            key, across_replicas, on_complete, lambda p: p.finish_reason is not None
+        )
         if self.cache is not None:
             if started:
                 self.cache.counters.singleflight_leaders += 1
             else:
                 self.cache.counters.singleflight_joined += 1
         return stream
+
+    async def _replica_stream(
+        self,
+        req: CacheRequest,
+        mode: CacheMode,
+        start: Callable[[], AsyncIterator[Piece]],
+        claims: list[Claim],
+    ) -> AsyncIterator[Piece]:
+        """This process's generation of a streaming miss, shared with the other replicas through
+        the cache's lease: another replica's stored answer comes as one piece; else the
+        predictor's stream (the lease is released by `on_complete` once stored, or here if cut)."""
+        assert self.cache is not None
+        claim = await self.cache.claim_replicas(req) if mode.store else Claim("alone")
+        claims.append(claim)
+        if claim.role == "answered":
+            shared = await self.cache.peer_answer(req)
+            if isinstance(shared, Answer) and shared.complete:
+                yield Piece(shared.text, shared.finish_reason, shared.completion_tokens,
+                            shared.prompt_tokens, shared.model_revision)  # fmt: skip
+                return
+        finished = False
+        try:
+            async for piece in start():
+                finished = finished or piece.finish_reason is not None
+                yield piece
+        finally:
+            if not finished:
+                await claim.release(False)  # cut short: one waiting replica takes over
 
     async def store(self, req: CacheRequest, mode: CacheMode, answer: Answer, vector: Any = None) -> None:
         if self.cache is not None and mode.store and self.storable(answer):

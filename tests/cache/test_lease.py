@@ -12,7 +12,7 @@ import redis
 from redis.asyncio import Redis
 
 from cache.lease import ReplicaFlights
-from semserve.tooling.local_redis import RedisServer, free_port
+from cache.redis_server import RedisServer, free_port
 
 
 @pytest.fixture
@@ -99,3 +99,42 @@ async def test_redis_down_means_alone() -> None:
     assert flights.counters.unavailable == 1
     await claim.release(answered=True)  # nothing held: a no-op
     await client.aclose()
+
+
+async def test_two_caches_on_one_redis_produce_once(
+    redis_server: RedisServer, clean_redis: redis.Redis
+) -> None:
+    """SemanticCache.run_once across two "replicas" (own clients, own in-process flights): one
+    produce, both get its answer; with the lease off, each produces."""
+    from cache.answer import Answer
+    from cache.policy import SemanticCache
+    from cache.store import RedisCacheStore
+    from tests.cache.conftest import chat, make_settings
+    from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
+
+    async def run(lease: bool) -> tuple[int, list[object]]:
+        settings = make_settings(redis_server.url, singleflight_replicas=lease)
+        caches = []
+        for _ in range(2):
+            store = RedisCacheStore.from_settings(settings)
+            await store.ensure_index()
+            verifier = ThresholdVerifierDouble(0.8)
+            caches.append(SemanticCache(store, HashingEmbedderDouble(), verifier, settings))
+        calls = 0
+
+        async def produce() -> Answer:
+            nonlocal calls
+            calls += 1
+            await asyncio.sleep(0.5)
+            return Answer("Paris.", "stop", 2)
+
+        req = chat(f"capital of France, lease {lease}")
+        answers = await asyncio.gather(*[c.run_once(req, produce) for c in caches])
+        for c in caches:
+            await c.close()
+        return calls, list(answers)
+
+    calls, answers = await run(lease=True)
+    assert calls == 1 and answers[0] == answers[1] == Answer("Paris.", "stop", 2)
+    calls, _ = await run(lease=False)
+    assert calls == 2
