@@ -1,10 +1,12 @@
 """A FAKE Kubernetes API server for testing `semserve tenant` without a cluster.
 
-Real HTTP on loopback, serving only the resource paths the tenant client uses:
-GET/PATCH/DELETE `/api/v1/namespaces/NS/PLURAL/NAME`, `/apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]`
-and cluster-wide lists `/apis/GROUP/VERSION/PLURAL`. It stores objects in memory and, like the real
-API server plus KServe's admission webhook, validates every written body: strict CRD schemas from
-shared/schemas, kubernetes-validate for core kinds, and the webhook rules of
+Real HTTP on loopback, serving what the kubernetes package's DynamicClient asks for: the discovery
+documents (`/version`, `/api`, `/apis`, and the resource lists `/api/v1` and `/apis/GROUP/VERSION` of
+the kinds in RESOURCES), then GET/PATCH/DELETE `/api/v1/namespaces/NS/PLURAL/NAME`,
+`/apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]` and cluster-wide lists `/apis/GROUP/VERSION/PLURAL`
+of those kinds only (anything else is a 404, as on a cluster without that API). It stores objects in
+memory and, like the real API server plus KServe's admission webhook, validates every written body:
+strict CRD schemas from shared/schemas, kubernetes-validate for core kinds, and the webhook rules of
 serverless.tenant_validate. Server-side apply is modelled with per-field owners (leaf fields; lists
 atomic), so conflicts between field managers are real; merge patches follow RFC 7386.
 Not modelled: resourceVersion/optimistic concurrency, watches, defaulting, controllers (tests play
@@ -18,6 +20,7 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,39 @@ from serverless import tenant_validate as tv
 
 Key = tuple[str, str, str, str]  # (apiVersion, plural, namespace, name)
 Path_ = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ServedResource:
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+
+# What the fake cluster serves: the kinds the overlays hold, and those `semserve tenant status` reads
+# (KServe and Knative installed, plus the Prometheus operator's CRDs).
+RESOURCES = (
+    ServedResource("v1", "ConfigMap", "configmaps"),
+    ServedResource("v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+    ServedResource("v1", "Pod", "pods"),
+    ServedResource("v1", "Secret", "secrets"),
+    ServedResource("v1", "Service", "services"),
+    ServedResource("v1", "Namespace", "namespaces", namespaced=False),
+    ServedResource("apps/v1", "Deployment", "deployments"),
+    ServedResource("apps/v1", "StatefulSet", "statefulsets"),
+    ServedResource("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+    ServedResource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    ServedResource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    ServedResource("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
+    ServedResource("monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules"),
+    ServedResource("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
+    ServedResource("serving.kserve.io/v1beta1", "InferenceService", "inferenceservices"),
+    ServedResource("serving.kserve.io/v1alpha1", "ServingRuntime", "servingruntimes"),
+    ServedResource("serving.knative.dev/v1", "Revision", "revisions"),
+    ServedResource("autoscaling.internal.knative.dev/v1alpha1", "PodAutoscaler", "podautoscalers"),
+)
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
 
 def _leaves(obj: Any, prefix: Path_ = ()) -> dict[Path_, Any]:
@@ -120,14 +156,76 @@ class FakeApiServer:
     # Tests play the controllers: write status, revisions, PodAutoscalers directly.
     def put(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
-        plural = {"PodAutoscaler": "podautoscalers", "Deployment": "deployments"}.get(obj["kind"]) or (
-            obj["kind"].lower() + "s"
-        )
+        plural = self.served(obj["apiVersion"], kind=obj["kind"]).plural
         with self.lock:
             self.objects[(obj["apiVersion"], plural, meta["namespace"], meta["name"])] = copy.deepcopy(obj)
 
     def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.objects.get((api_version, plural, namespace, name))
+
+    @staticmethod
+    def served(api_version: str, *, kind: str = "", plural: str = "") -> ServedResource:
+        for r in RESOURCES:
+            if r.api_version == api_version and (r.kind == kind or r.plural == plural):
+                return r
+        raise KeyError(f"the fake API server does not serve {api_version} {kind or plural}")
+
+    # --- Discovery (what DynamicClient reads before its first request) -----------------------
+
+    def discovery(self, path: str) -> dict[str, Any] | None:
+        """The discovery document at `path`, or None when `path` is not a discovery path."""
+        if path == "/version":
+            return {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "platform": "linux/amd64"}
+        if path == "/api":
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        groups: dict[str, list[str]] = {}
+        for r in RESOURCES:
+            if "/" in r.api_version:
+                group, version = r.api_version.split("/")
+                if version not in groups.setdefault(group, []):
+                    groups[group].append(version)
+        if path == "/apis":
+            return {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [
+                    {
+                        "name": group,
+                        "versions": [{"groupVersion": f"{group}/{v}", "version": v} for v in versions],
+                        "preferredVersion": {
+                            "groupVersion": f"{group}/{versions[0]}",
+                            "version": versions[0],
+                        },
+                    }
+                    for group, versions in groups.items()
+                ],
+            }
+        parts = path.strip("/").split("/")
+        if parts == ["api", "v1"]:
+            group_version = "v1"
+        elif parts[0] == "apis" and len(parts) == 3:
+            group_version = f"{parts[1]}/{parts[2]}"
+        else:
+            return None
+        resources = [
+            {
+                "name": r.plural,
+                "singularName": r.kind.lower(),
+                "namespaced": r.namespaced,
+                "kind": r.kind,
+                "verbs": VERBS,
+            }
+            for r in RESOURCES
+            if r.api_version == group_version
+        ]
+        if not resources:
+            return None
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": group_version,
+            "resources": resources,
+        }
 
     # --- HTTP --------------------------------------------------------------------------------
 
@@ -174,6 +272,11 @@ class FakeApiServer:
     def dispatch(
         self, method: str, path: str, query: dict[str, list[str]], raw: bytes, content_type: str
     ) -> tuple[int, dict[str, Any]]:
+        document = self.discovery(path)
+        if document is not None:
+            if method != "GET":
+                return 405, _status(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
+            return 200, document
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "v1"]:
             api_version, rest = "v1", parts[2:]
@@ -188,6 +291,10 @@ class FakeApiServer:
         elif len(rest) == 1:
             plural = rest[0]
         else:
+            return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
+        try:
+            self.served(api_version, plural=plural)
+        except KeyError:
             return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
         verb = {"GET": "get" if name else "list", "PATCH": "patch", "DELETE": "delete"}[method]
         if (verb, plural) in self.forbid:

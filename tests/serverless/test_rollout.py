@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from serverless import kustomize, tenant
+from serverless import kustomize
+from serverless import tenant_objects as objects
 from tests.serverless.fake_apiserver import FakeApiServer
 from tests.serverless.test_tenant import ISVC, _controllers_report, cli, fake, kubeconfig, schemas_dir
 
@@ -54,7 +55,7 @@ def play_canary(fake: FakeApiServer, ns: str, name: str, percent: int) -> None:
             ],
         })
         for rev, ready in ((old, "True"), (new, "False" if c == "predictor" else "True")):
-            fake.put({"apiVersion": tenant.KNATIVE_API, "kind": "Revision",
+            fake.put({"apiVersion": objects.KNATIVE_API, "kind": "Revision",
                       "metadata": {"name": rev, "namespace": ns},
                       "status": {"conditions": [{"type": "Ready", "status": ready}]}})
     fake.put(isvc)
@@ -70,9 +71,9 @@ def test_rollout_status_promote(
     # Created with a revision on both sides (derived from the model's URI): the stable transformer of
     # the first canary is keyed by it and so does not store the canary predictor's (v2-labelled)
     # answers as its own.
-    v1 = tenant.default_revision(old_model)
-    assert env(created, tenant.REVISION_ENV) == predictor_env(created, tenant.PREDICTOR_REVISION_ENV) == v1
-    assert created["metadata"]["annotations"][tenant.REVISION_ANN] == v1
+    v1 = objects.default_revision(old_model)
+    assert env(created, objects.REVISION_ENV) == predictor_env(created, objects.PREDICTOR_REVISION_ENV) == v1
+    assert created["metadata"]["annotations"][objects.REVISION_ANN] == v1
     capsys.readouterr()
 
     assert cli(kubeconfig, "rollout", "ada", "-n", "t", "--model", NEW, "--canary", "10",
@@ -85,14 +86,14 @@ def test_rollout_status_promote(
     assert spec["predictor"]["canaryTrafficPercent"] == 10
     assert spec["transformer"]["canaryTrafficPercent"] == 10
     assert spec["predictor"]["model"]["storageUri"] == NEW
-    assert env(isvc, tenant.REVISION_ENV) == "v2"  # the canary never reads the old revision's entries
+    assert env(isvc, objects.REVISION_ENV) == "v2"  # the canary never reads the old revision's entries
     # The canary predictor labels its answers v2: the stable transformer does not cache them.
-    assert predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV) == "v2"
+    assert predictor_env(isvc, objects.PREDICTOR_REVISION_ENV) == "v2"
     assert predictor_env(isvc, "SEMSERVE_TRACE_EXPORTER") is not None  # the rest of its env survived
     assert "answers labelled v2" in out
-    assert host_arg(isvc) == "--predictor_host=" + tenant.CANARY_PREDICTOR_HOST
-    assert anns[tenant.ROLLOUT_ANN] == "canary" and anns[tenant.PREVIOUS_REVISION_ANN] == v1
-    assert anns[tenant.TAG_ROUTING_ANN] == "true"
+    assert host_arg(isvc) == "--predictor_host=" + objects.CANARY_PREDICTOR_HOST
+    assert anns[objects.ROLLOUT_ANN] == "canary" and anns[objects.PREVIOUS_REVISION_ANN] == v1
+    assert anns[objects.TAG_ROUTING_ANN] == "true"
     # Everything else of the transformer container survived the list replacement.
     assert env(isvc, "SEMSERVE_TRANSFORMER_API_KEYS_FILE") == "/etc/semserve/api-keys/api-keys.json"
     assert sum(a.startswith("--predictor_host") for a in transformer(isvc)["args"]) == 1
@@ -122,10 +123,10 @@ def test_rollout_status_promote(
     isvc = fake.get(*ISVC, "t", "ada")
     assert "canaryTrafficPercent" not in isvc["spec"]["predictor"]
     assert "canaryTrafficPercent" not in isvc["spec"]["transformer"]
-    assert env(isvc, tenant.EPOCH_ENV) == "1" and env(isvc, tenant.REVISION_ENV) == "v2"
-    assert predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV) == "v2"  # untouched: no new revision
-    assert host_arg(isvc) == "--predictor_host=" + tenant.STABLE_PREDICTOR_HOST
-    assert isvc["metadata"]["annotations"][tenant.ROLLOUT_ANN] == "promoted"
+    assert env(isvc, objects.EPOCH_ENV) == "1" and env(isvc, objects.REVISION_ENV) == "v2"
+    assert predictor_env(isvc, objects.PREDICTOR_REVISION_ENV) == "v2"  # untouched: no new revision
+    assert host_arg(isvc) == "--predictor_host=" + objects.STABLE_PREDICTOR_HOST
+    assert isvc["metadata"]["annotations"][objects.ROLLOUT_ANN] == "promoted"
     assert cli(kubeconfig, "promote", "ada", "-n", "t") == 1
     assert "no canary to promote" in capsys.readouterr().err
 
@@ -133,13 +134,13 @@ def test_rollout_status_promote(
     v3 = "pvc://semserve-models/llm-v3"
     assert cli(kubeconfig, "rollout", "ada", "-n", "t", "--model", v3) == 0
     isvc = fake.get(*ISVC, "t", "ada")
-    assert isvc["metadata"]["annotations"][tenant.PREVIOUS_REVISION_ANN] == "v2"
-    assert env(isvc, tenant.REVISION_ENV) == tenant.default_revision(v3)
-    assert predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV) == tenant.default_revision(v3)
+    assert isvc["metadata"]["annotations"][objects.PREVIOUS_REVISION_ANN] == "v2"
+    assert env(isvc, objects.REVISION_ENV) == objects.default_revision(v3)
+    assert predictor_env(isvc, objects.PREDICTOR_REVISION_ENV) == objects.default_revision(v3)
     capsys.readouterr()
     assert cli(kubeconfig, "promote", "ada", "-n", "t") == 0
     assert "semserve cache flush --model-revision v2" in capsys.readouterr().out
-    assert env(fake.get(*ISVC, "t", "ada"), tenant.EPOCH_ENV) == "2"
+    assert env(fake.get(*ISVC, "t", "ada"), objects.EPOCH_ENV) == "2"
 
 
 def test_rollback(fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,7 +148,7 @@ def test_rollback(fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureF
     _controllers_report(fake, "t", "bo", actual=1, desired=1)
     assert cli(kubeconfig, "rollout", "bo", "-n", "t", "--model", NEW, "--canary", "25",
                "--revision", "v2") == 0
-    old_rev = fake.get(*ISVC, "t", "bo")["metadata"]["annotations"][tenant.PREVIOUS_REVISION_ANN]
+    old_rev = fake.get(*ISVC, "t", "bo")["metadata"]["annotations"][objects.PREVIOUS_REVISION_ANN]
     capsys.readouterr()
     assert cli(kubeconfig, "rollback", "bo", "-n", "t") == 0
     out = capsys.readouterr().out
@@ -156,11 +157,11 @@ def test_rollback(fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureF
     isvc = fake.get(*ISVC, "t", "bo")
     assert isvc["spec"]["predictor"]["canaryTrafficPercent"] == 0
     assert "canaryTrafficPercent" not in isvc["spec"]["transformer"]
-    assert env(isvc, tenant.REVISION_ENV) == old_rev and env(isvc, tenant.EPOCH_ENV) == "1"
+    assert env(isvc, objects.REVISION_ENV) == old_rev and env(isvc, objects.EPOCH_ENV) == "1"
     # The predictor's spec (its canary, now at 0 %) is left alone: the previous revision serves.
-    assert predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV) == "v2"
-    assert host_arg(isvc) == "--predictor_host=" + tenant.STABLE_PREDICTOR_HOST
-    assert isvc["metadata"]["annotations"][tenant.ROLLOUT_ANN] == "rolled-back"
+    assert predictor_env(isvc, objects.PREDICTOR_REVISION_ENV) == "v2"
+    assert host_arg(isvc) == "--predictor_host=" + objects.STABLE_PREDICTOR_HOST
+    assert isvc["metadata"]["annotations"][objects.ROLLOUT_ANN] == "rolled-back"
     assert cli(kubeconfig, "rollback", "bo", "-n", "t") == 1
 
 
@@ -169,21 +170,21 @@ def test_create_labels_the_model_revision(
 ) -> None:
     def labels(name: str) -> tuple[str | None, str | None, str]:
         isvc = fake.get(*ISVC, "t", name)
-        return (env(isvc, tenant.REVISION_ENV), predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV),
-                isvc["metadata"]["annotations"][tenant.REVISION_ANN])
+        return (env(isvc, objects.REVISION_ENV), predictor_env(isvc, objects.PREDICTOR_REVISION_ENV),
+                isvc["metadata"]["annotations"][objects.REVISION_ANN])
 
     # Another model: a label derived from its URI, so its answers never share keys with another model's.
     assert cli(kubeconfig, "create", "cy", "-n", "t", "--profile", "dev") == 0
     dev_model = fake.get(*ISVC, "t", "cy")["spec"]["predictor"]["model"]["storageUri"]
-    assert labels("cy") == (tenant.default_revision(dev_model),) * 3
+    assert labels("cy") == (objects.default_revision(dev_model),) * 3
     assert cli(kubeconfig, "create", "cy", "-n", "t", "--profile", "prod") == 0  # prod: another model
     prod_model = fake.get(*ISVC, "t", "cy")["spec"]["predictor"]["model"]["storageUri"]
-    assert prod_model != dev_model and labels("cy") == (tenant.default_revision(prod_model),) * 3
+    assert prod_model != dev_model and labels("cy") == (objects.default_revision(prod_model),) * 3
     assert cli(kubeconfig, "create", "cy", "-n", "t", "--model", NEW) == 0
-    assert labels("cy") == (tenant.default_revision(NEW),) * 3
+    assert labels("cy") == (objects.default_revision(NEW),) * 3
     # Re-created on yet another model: another label (the old model's cached answers stop being served).
     assert cli(kubeconfig, "create", "cy", "-n", "t", "--model", "pvc://semserve-models/llm-v3") == 0
-    assert labels("cy") == (tenant.default_revision("pvc://semserve-models/llm-v3"),) * 3
+    assert labels("cy") == (objects.default_revision("pvc://semserve-models/llm-v3"),) * 3
     assert cli(kubeconfig, "create", "di", "-n", "t", "--revision", "2026-12.a") == 0
     assert labels("di") == ("2026-12.a",) * 3
     capsys.readouterr()
@@ -221,4 +222,4 @@ def test_share_cache_labels_the_canary_with_the_old_revision(
     assert "answers labelled v2" in capsys.readouterr().out
     isvc = fake.get(*ISVC, "t", "di")
     # One set of entries: the canary's answers are labelled like the stable ones, so both cache them.
-    assert env(isvc, tenant.REVISION_ENV) == "v2" == predictor_env(isvc, tenant.PREDICTOR_REVISION_ENV)
+    assert env(isvc, objects.REVISION_ENV) == "v2" == predictor_env(isvc, objects.PREDICTOR_REVISION_ENV)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serverless import kustomize, tenant
+from serverless import kube_client, kustomize, tenant
+from serverless import tenant_objects as objects
 from serverless import tenant_validate as tv
 from tests.serverless.fake_apiserver import FakeApiServer
 
@@ -65,10 +66,10 @@ def test_create_applies_the_overlay_server_side(
     assert "InferenceService/alice applied" in out and "StatefulSet/semserve-redis applied" in out
     isvc = fake.get(*ISVC, "team-a", "alice")
     assert isvc is not None
-    assert isvc["metadata"]["labels"][tenant.TENANT_LABEL] == "alice"
+    assert isvc["metadata"]["labels"][objects.TENANT_LABEL] == "alice"
     assert isvc["spec"]["predictor"]["minReplicas"] == 0
     # The same objects the overlay renders, only retargeted: compare with kubectl kustomize.
-    rendered = tenant.render_overlay(ROOT / "manifests/overlays/dev-tenant")
+    rendered = objects.render_overlay(ROOT / "manifests/overlays/dev-tenant")
     assert len(fake.objects) == len(rendered)
     patches = [(m, p, q) for m, p, q in fake.requests if m == "PATCH"]
     assert all(q["fieldManager"] == ["semserve-tenant"] and q["force"] == ["true"] for _, _, q in patches)
@@ -156,12 +157,12 @@ def test_forbidden_not_found_conflict_unreachable(
     fake.forbid.clear()
     assert cli(kubeconfig, "create", "dan", "-n", "t", "--profile", "dev") == 0
     assert cli(kubeconfig, "wake", "dan", "-n", "t") == 0  # merge patch by semserve-tenant-scale
-    cl = tenant.connect(str(kubeconfig))
-    (isvc,) = [d for d in tenant.tenant_objects("dev", "dan", "t") if d["kind"] == "InferenceService"]
+    cl = kube_client.connect(str(kubeconfig))
+    (isvc,) = [d for d in objects.tenant_objects("dev", "dan", "t") if d["kind"] == "InferenceService"]
     isvc["metadata"]["name"] = "dan"
     code, body = fake.dispatch(
         "PATCH",
-        tenant.Client.path(isvc["apiVersion"], "InferenceService", "t", "dan"),
+        f"/apis/{isvc['apiVersion']}/namespaces/t/inferenceservices/dan",
         {"fieldManager": ["someone-else"]},
         yaml.safe_dump(isvc).encode(),
         "application/apply-patch+yaml",
@@ -169,7 +170,7 @@ def test_forbidden_not_found_conflict_unreachable(
     assert code == 409 and "minReplicas" in body["message"]
     from kubernetes.client.exceptions import ApiException
 
-    line = tenant.describe_error(
+    line = kube_client.describe_error(
         ApiException(status=409, reason="Conflict", body=__import__("json").dumps(body))
     )
     assert line.startswith("409 Conflict: Apply failed with") and "conflict with another writer" in line
@@ -308,7 +309,7 @@ def test_in_cluster_config_is_used_in_a_pod(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    cl = tenant.connect()
+    cl = kube_client.connect()
     assert cl.host == "https://10.0.0.1:443"
     assert cl.api.configuration.auth_settings()["BearerToken"]["value"].lower() == "bearer sa-token"
 
