@@ -16,7 +16,7 @@ from serverless import settings_from_manifest as sfm
 from serverless.kustomize import load_documents, render_overlay
 from serverless.pod_profile import load_profile
 from serverless.sim_report import format_summary, plot
-from serverless.simulate import START_MODES, simulate
+from serverless.simulate import START_MODES, RunOptions, simulate
 from serverless.traffic import generate, read_trace
 
 TRAFFIC_KINDS = ("steady", "burst", "diurnal", "sporadic")
@@ -116,10 +116,11 @@ def run(args: argparse.Namespace) -> int:
                 burst_ramp=opts.burst_ramp, burst_length=opts.burst_length, period=opts.period,
                 mean_gap=opts.mean_gap,
             )  # fmt: skip
-        result = simulate(
-            settings, profile, arrivals, duration=duration, seed=opts.seed, hit_ratio=opts.hit_ratio,
-            output_tokens=opts.output_tokens, start=opts.start, baselines=opts.baselines,
+        options = RunOptions(
+            duration=duration, seed=opts.seed, hit_ratio=opts.hit_ratio, output_tokens=opts.output_tokens,
+            start=opts.start,
         )  # fmt: skip
+        result = simulate(settings, profile, arrivals, options, baselines=opts.baselines)
     except (ValueError, OSError, yaml.YAMLError) as e:
         print(f"semserve simulate: {e}", file=sys.stderr)
         return 2

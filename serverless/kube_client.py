@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 Document = dict[str, Any]
@@ -23,6 +24,8 @@ class Client:
     """GET, list, apply, merge-patch and delete of any kind the API server serves."""
 
     api: Any  # kubernetes.client.ApiClient
+    # Where discovery is cached between runs (None: the kubernetes package's file in the temp dir).
+    discovery_cache: Path | None = None
     _dynamic: Any = field(default=None, init=False, repr=False)
 
     @property
@@ -35,7 +38,8 @@ class Client:
         if self._dynamic is None:
             from kubernetes.dynamic import DynamicClient
 
-            self._dynamic = DynamicClient(self.api)
+            cache = str(self.discovery_cache) if self.discovery_cache is not None else None
+            self._dynamic = DynamicClient(self.api, cache_file=cache)
         return self._dynamic
 
     def _resource(self, api_version: str, kind: str) -> Any:
@@ -105,7 +109,9 @@ class Client:
             return False
 
 
-def connect(kubeconfig: str | None = None, context: str | None = None) -> Client:
+def connect(
+    kubeconfig: str | None = None, context: str | None = None, discovery_cache: Path | None = None
+) -> Client:
     """In-cluster config inside a pod (service account token), else the kubeconfig."""
     from kubernetes import client, config
 
@@ -115,7 +121,7 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Client
     else:
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     cfg.retries = 0  # an unreachable server is reported at once, not after urllib3's retries
-    return Client(client.ApiClient(cfg))
+    return Client(client.ApiClient(cfg), discovery_cache)
 
 
 _HINTS = {

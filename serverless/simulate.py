@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-from typing import Any
+from dataclasses import dataclass, replace
 
 from serverless.activator import Activator
 from serverless.events import EPS, ConcurrencyMeter, EventKind, EventQueue
@@ -36,42 +36,39 @@ from serverless.traffic import Arrival
 START_MODES = ("deploy", "idle", "warm")
 
 
-def _check(start: str, hit_ratio: float, output_tokens: int) -> None:
-    if start not in START_MODES:
-        raise ValueError(f"start: {start!r} is not one of {START_MODES}")
-    if not 0.0 <= hit_ratio <= 1.0:
-        raise ValueError(f"hit_ratio: {hit_ratio} is outside [0, 1]")
-    if output_tokens < 1:
-        raise ValueError("output_tokens: must be >= 1")
+@dataclass(frozen=True)
+class RunOptions:
+    """How one run goes, apart from the deployment (SimSettings), the pods (EngineProfile) and the traffic."""
+
+    duration: float
+    seed: int = 0
+    hit_ratio: float = 0.0  # share of requests the cache answers (a trace's `hit` column wins)
+    output_tokens: int = 128  # per predictor request (a trace's column wins)
+    start: str = "deploy"  # one of START_MODES
+    cache_hit_latency_s: float = 0.02
+    transformer_overhead_s: float = 0.01  # what a miss adds on its way through the transformer
+    record_series: bool = True
+
+    def __post_init__(self) -> None:
+        if self.start not in START_MODES:
+            raise ValueError(f"start: {self.start!r} is not one of {START_MODES}")
+        if not 0.0 <= self.hit_ratio <= 1.0:
+            raise ValueError(f"hit_ratio: {self.hit_ratio} is outside [0, 1]")
+        if self.output_tokens < 1:
+            raise ValueError("output_tokens: must be >= 1")
 
 
 class Simulation:
     """Wires the parts (events, pods, activator, metrics, decider, PodAutoscaler) and runs them."""
 
     def __init__(
-        self,
-        settings: SimSettings,
-        profile: EngineProfile,
-        arrivals: list[Arrival],
-        *,
-        duration: float,
-        seed: int = 0,
-        hit_ratio: float = 0.0,
-        output_tokens: int = 128,
-        start: str = "deploy",
-        cache_hit_latency_s: float = 0.02,
-        transformer_overhead_s: float = 0.01,
-        record_series: bool = True,
+        self, settings: SimSettings, profile: EngineProfile, arrivals: list[Arrival], options: RunOptions
     ) -> None:
-        _check(start, hit_ratio, output_tokens)
-        self.s, self.profile, self.arrivals, self.duration = settings, profile, arrivals, duration
-        self.start, self.hit_ratio, self.output_tokens = start, hit_ratio, output_tokens
-        self.cache_hit_latency_s = cache_hit_latency_s
-        self.transformer_overhead_s = transformer_overhead_s
-        self.record_series = record_series
+        self.s, self.profile, self.arrivals, self.options = settings, profile, arrivals, options
+        self.duration = options.duration
         # Separate streams so that, e.g., a different hit ratio does not reshuffle startup delays.
-        self.rng_hits = random.Random(f"{seed}:hits")
-        rng_startup = random.Random(f"{seed}:startup")
+        self.rng_hits = random.Random(f"{options.seed}:hits")
+        rng_startup = random.Random(f"{options.seed}:startup")
         self.events = EventQueue()
         self.load = ConcurrencyMeter()
         cc = settings.container_concurrency
@@ -103,14 +100,14 @@ class Simulation:
 
     def _start_state(self, spec: DeciderSpec) -> Decider:
         s = self.s
-        if self.start == "deploy":
+        if self.options.start == "deploy":
             # As after `kubectl apply`: the Deployment starts at initial-scale, the PA is activating and the
             # decider has no metrics yet.
             self.pa.state, self.pa.state_since = PAState.ACTIVATING, 0.0
             self.pa.replicas = s.initial_scale
             self.replicas.scale_to(s.initial_scale)
             return Decider(spec, 0, 0.0)
-        n = s.min_scale if self.start == "idle" else max(s.min_scale, 1)
+        n = s.min_scale if self.options.start == "idle" else max(s.min_scale, 1)
         for _ in range(n):
             self.replicas.add(ready_at=0.0, ready=True)
         decider = Decider(spec, n, 0.0)
@@ -146,12 +143,12 @@ class Simulation:
         self.activator.release(self._forward)
 
     def _arrive(self, a: Arrival, idx: int) -> None:
-        hit = a.hit if a.hit is not None else (self.rng_hits.random() < self.hit_ratio)
-        output_tokens = a.output_tokens or self.output_tokens
+        hit = a.hit if a.hit is not None else (self.rng_hits.random() < self.options.hit_ratio)
+        output_tokens = a.output_tokens or self.options.output_tokens
         req = Request(idx, self.now, hit, output_tokens, deadline=self.now + self.s.timeout_s)
         self.requests.append(req)
         if hit:
-            req.state, req.done = "done", self.now + self.cache_hit_latency_s
+            req.state, req.done = "done", self.now + self.options.cache_hit_latency_s
             return
         self.load.add(self.now)
         self._rps_count += 1
@@ -234,7 +231,7 @@ class Simulation:
         existing = self.replicas.existing_count()
         if existing == 0:
             self.stats.time_at_zero += SCRAPE_INTERVAL_S
-        if not self.record_series:
+        if not self.options.record_series:
             return
         row = {
             "t": self.now,
@@ -261,7 +258,7 @@ class Simulation:
                 self.events.push(a.t, EventKind.ARRIVE, (a, i))
         self.events.every(SCRAPE_INTERVAL_S, EventKind.SCRAPE, self.duration)
         self.events.every(TICK_INTERVAL_S, EventKind.TICK, self.duration)
-        if self.start != "deploy":
+        if self.options.start != "deploy":
             self._reconcile()
         handlers = {
             EventKind.ARRIVE: lambda p: self._arrive(*p),
@@ -287,7 +284,9 @@ class Simulation:
         self.stats.peak_pods = self.replicas.peak
         self.stats.pods_created = len(self.replicas.pods)
         self.stats.gpu_seconds = self.gpu_seconds()
-        summary, latencies = summarize(self.requests, self.stats, self.duration, self.transformer_overhead_s)
+        summary, latencies = summarize(
+            self.requests, self.stats, self.duration, self.options.transformer_overhead_s
+        )
         return SimResult(summary, self.series, latencies, self.s.to_dict(), self.profile.to_dict())
 
 
@@ -295,30 +294,21 @@ def simulate(
     settings: SimSettings,
     profile: EngineProfile,
     arrivals: list[Arrival],
+    options: RunOptions,
     *,
-    duration: float,
-    seed: int = 0,
-    hit_ratio: float = 0.0,
-    output_tokens: int = 128,
-    start: str = "deploy",
     baselines: bool = True,
 ) -> SimResult:
     """Run the tenant, and (with `baselines`) the same traffic without the cache and without
     scale-to-zero, to report the GPU-seconds each one saves."""
-    kwargs: dict[str, Any] = {
-        "duration": duration,
-        "seed": seed,
-        "output_tokens": output_tokens,
-        "start": start,
-    }
-    result = Simulation(settings, profile, arrivals, hit_ratio=hit_ratio, **kwargs).run()
+    result = Simulation(settings, profile, arrivals, options).run()
     gpu = result.summary["gpu_seconds"]
     saved_cache: float | None = None
     saved_stz: float | None = None
     if baselines:
+        quiet = replace(options, record_series=False)
         if result.summary["cache_hits"] > 0:
             no_cache = [Arrival(a.t, a.prompt_id, a.tenant, False, a.output_tokens) for a in arrivals]
-            base = Simulation(settings, profile, no_cache, hit_ratio=0.0, record_series=False, **kwargs).run()
+            base = Simulation(settings, profile, no_cache, replace(quiet, hit_ratio=0.0)).run()
             saved_cache = base.summary["gpu_seconds"] - gpu
         else:
             saved_cache = 0.0
@@ -327,9 +317,7 @@ def simulate(
             always_on.min_scale = 1
             if always_on.activation_scale and always_on.activation_scale < 1:
                 always_on.activation_scale = 0
-            base = Simulation(
-                always_on, profile, arrivals, hit_ratio=hit_ratio, record_series=False, **kwargs
-            ).run()
+            base = Simulation(always_on, profile, arrivals, quiet).run()
             saved_stz = base.summary["gpu_seconds"] - gpu
         else:
             saved_stz = 0.0

@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlparse
 import yaml
 
 from serverless import tenant_validate as tv
+from serverless.kustomize import merge_patch  # RFC 7386, as the API server applies it
 
 Key = tuple[str, str, str, str]  # (apiVersion, plural, namespace, name)
 Path_ = tuple[str, ...]
@@ -93,18 +94,6 @@ def _unset(obj: dict[str, Any], path: Path_) -> None:
     for parent, key in reversed(parents):  # drop emptied maps
         if parent[key] == {}:
             parent.pop(key)
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
 
 
 class FakeApiServer:

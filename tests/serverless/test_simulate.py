@@ -10,7 +10,7 @@ from serverless import settings_from_manifest as sfm
 from serverless.kpa import Autoscaler
 from serverless.metrics import MetricCollector, Stat
 from serverless.pod_profile import PROFILE_DIR, EngineProfile, StartupModel, load_profile, shipped_profiles
-from serverless.simulate import Simulation, simulate
+from serverless.simulate import RunOptions, Simulation, simulate
 from serverless.traffic import Arrival, burst, diurnal, generate, read_trace, sporadic, steady, write_trace
 
 
@@ -37,7 +37,8 @@ def settings(**predictor: object) -> sfm.SimSettings:
 def run(
     s: sfm.SimSettings, arrivals: list[Arrival], duration: float, startup: float = 40.0, **kw: object
 ) -> Simulation:
-    sim = Simulation(s, profile(startup), arrivals, duration=duration, start=kw.pop("start", "idle"), **kw)  # type: ignore[arg-type]
+    options = RunOptions(duration=duration, start=kw.pop("start", "idle"), **kw)  # type: ignore[arg-type]
+    sim = Simulation(s, profile(startup), arrivals, options)
     sim.result = sim.run()  # type: ignore[attr-defined]
     return sim
 
@@ -163,13 +164,19 @@ def test_deterministic_for_a_seed() -> None:
     s = settings(minReplicas=0)
     prof = load_profile("cpu")
     arr = generate("burst", 1.0, 600, seed=7)
-    a = simulate(s, prof, arr, duration=600, seed=7, hit_ratio=0.3, start="idle")
+    a = simulate(s, prof, arr, RunOptions(duration=600, seed=7, hit_ratio=0.3, start="idle"))
     b = simulate(
-        s, prof, generate("burst", 1.0, 600, seed=7), duration=600, seed=7, hit_ratio=0.3, start="idle"
+        s,
+        prof,
+        generate("burst", 1.0, 600, seed=7),
+        RunOptions(duration=600, seed=7, hit_ratio=0.3, start="idle"),
     )
     assert a.summary == b.summary and a.series == b.series
     c = simulate(
-        s, prof, generate("burst", 1.0, 600, seed=8), duration=600, seed=8, hit_ratio=0.3, start="idle"
+        s,
+        prof,
+        generate("burst", 1.0, 600, seed=8),
+        RunOptions(duration=600, seed=8, hit_ratio=0.3, start="idle"),
     )
     assert c.summary != a.summary
 
@@ -177,7 +184,7 @@ def test_deterministic_for_a_seed() -> None:
 def test_baselines_report_savings() -> None:
     s = settings(minReplicas=0)
     arr = [Arrival(10.0 + 600 * i) for i in range(3)]
-    r = simulate(s, profile(30.0), arr, duration=1800, seed=0, hit_ratio=0.0, start="idle")
+    r = simulate(s, profile(30.0), arr, RunOptions(duration=1800, seed=0, hit_ratio=0.0, start="idle"))
     # Three cold starts, each keeping a pod ~2 minutes, vs. one pod for the whole 30 minutes.
     assert r.summary["cold_starts"] == 3
     assert r.summary["gpu_seconds_saved_by_scale_to_zero"] > 1000

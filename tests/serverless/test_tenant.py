@@ -314,6 +314,32 @@ def test_in_cluster_config_is_used_in_a_pod(tmp_path: Path, monkeypatch: pytest.
     assert cl.api.configuration.auth_settings()["BearerToken"]["value"].lower() == "bearer sa-token"
 
 
+def test_client_discovers_kinds_then_uses_their_paths(
+    fake: FakeApiServer, kubeconfig: Path, tmp_path: Path
+) -> None:
+    cl = kube_client.connect(str(kubeconfig), discovery_cache=tmp_path / "discovery.json")
+    assert fake.requests == []  # connecting contacts nobody
+    assert cl.get_or_none("serving.kserve.io/v1beta1", "InferenceService", "t", "nobody") is None
+    paths = [p for _, p, _ in fake.requests]
+    assert paths[0] == "/version" and "/apis" in paths and "/apis/serving.kserve.io/v1beta1" in paths
+    assert paths[-1] == "/apis/serving.kserve.io/v1beta1/namespaces/t/inferenceservices/nobody"
+    assert cl.list("v1", "Service", None, selector="a=b") == []
+    assert fake.requests[-1] == ("GET", "/api/v1/services", {"labelSelector": ["a=b"]})
+    # A kind the cluster does not serve (no such CRD installed) is one line, not a traceback.
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+    with pytest.raises(ResourceNotFoundError) as info:
+        cl.get("example.com/v1", "Widget", "t", "w")
+    assert kube_client.describe_error(info.value).startswith("the API server does not serve this kind")
+    # Discovery is cached: a second client does not ask for the server's version and groups again.
+    again = kube_client.connect(str(kubeconfig), discovery_cache=tmp_path / "discovery.json")
+    seen = len(fake.requests)
+    assert again.get_or_none("serving.kserve.io/v1beta1", "InferenceService", "t", "nobody") is None
+    later = [p for _, p, _ in fake.requests[seen:]]
+    assert "/version" not in later and "/apis" not in later
+    assert later[-1] == "/apis/serving.kserve.io/v1beta1/namespaces/t/inferenceservices/nobody"
+
+
 def test_bad_name_and_profile(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["create", "Bad_Name", "--dry-run"]) == 1
     assert "lowercase letters" in capsys.readouterr().err
