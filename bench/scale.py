@@ -211,13 +211,12 @@ async def measure_in_process(
 ) -> None:
     """Exact lookups of stored entries, and KNN of noisy copies of stored vectors, calls
     interleaved; recall@1 against brute force over the tenant's own vectors."""
-    from redis import asyncio as aioredis
-
-    from cache.store import RedisCacheStore
+    from cache.settings import CacheSettings
+    from cache.store import RedisCacheStore, make_client
 
     names = tenant_names(row.tenants)
     fp = _fp(schema)
-    client = aioredis.Redis.from_url(redis_url)
+    client = make_client(CacheSettings(redis_url=redis_url))  # the client the cache itself uses
     store = RedisCacheStore(client, schema)  # type: ignore[arg-type]
     nrng = np.random.default_rng(rng.randrange(2**31))
     hits = dict.fromkeys(ef_values, 0)
@@ -264,19 +263,18 @@ async def _knn_top(store: object, req: object, vector: np.ndarray, ef: int) -> s
     if ef <= 0:
         cands = await store.search(req, vector, 5)  # type: ignore[attr-defined]
         return cands[0].entry_id if cands else None
-    from cache.schema import F_ANSWER, F_CREATED_AT, F_PROMPT, F_VECTOR
-    from cache.store import _search_rows
+    from redis.commands.search.query import Query
+
+    from cache.schema import F_PROMPT, F_VECTOR
 
     s = store.schema  # type: ignore[attr-defined]
     filt = store._filter(req)  # type: ignore[attr-defined]
-    query = f"({filt})=>[KNN 5 @{F_VECTOR} $vec EF_RUNTIME {int(ef)} AS dist]"
-    res = await store.client.execute_command(  # type: ignore[attr-defined]
-        "FT.SEARCH", s.index_name, query, "PARAMS", 2, "vec", vector.astype(np.float32).tobytes(),
-        "RETURN", 4, F_PROMPT, F_ANSWER, F_CREATED_AT, "dist", "SORTBY", "dist", "ASC",
-        "LIMIT", 0, 5, "DIALECT", 2,
-    )  # fmt: skip
-    _, rows = _search_rows(res)
-    return rows[0][0][len(s.entry_prefix) :] if rows else None
+    query = (Query(f"{filt}=>[KNN 5 @{F_VECTOR} $vec EF_RUNTIME {int(ef)} AS dist]")
+             .return_fields(F_PROMPT, "dist").sort_by("dist", asc=True).paging(0, 5).dialect(2))
+    res = await store.client.ft(s.index_name).search(  # type: ignore[attr-defined]
+        query, query_params={"vec": vector.astype(np.float32).tobytes()}
+    )
+    return res.docs[0].id.removeprefix(s.entry_prefix) if res.docs else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,8 +418,10 @@ def run_size(n: int, args: argparse.Namespace, rng: random.Random) -> ScaleRow:
     tenants = max(1, min(args.tenants, n))
     hnsw = {"hnsw_m": args.hnsw_m, "hnsw_ef_construction": args.ef_construction,
             "hnsw_ef_runtime": args.ef_runtime_default}
-    schema = IndexSchema(DEPLOYMENT, **{k: v for k, v in hnsw.items() if v})  # unset: cache.schema's
-    row = ScaleRow(n, tenants, f"{schema.hnsw_m}/{schema.hnsw_ef_construction}/{schema.hnsw_ef_runtime}")
+    schema = IndexSchema(DEPLOYMENT, vector_algorithm=args.algorithm,
+                         **{k: v for k, v in hnsw.items() if v})  # unset: cache.schema's
+    label = f"{schema.hnsw_m}/{schema.hnsw_ef_construction}/{schema.hnsw_ef_runtime}"
+    row = ScaleRow(n, tenants, label if args.algorithm == "HNSW" else "FLAT")
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="redis-scale-bench-", dir=LOG_DIR))
     server = _redis_server()(_free_port(), data_dir=data_dir)
@@ -470,7 +470,7 @@ def _f(x: float) -> str:
 
 
 def table(rows: Sequence[ScaleRow]) -> str:
-    head = ("| entries | tenants | HNSW M/EFC/EFR | write s | index build s | B/entry (data) | "
+    head = ("| entries | tenants | index (HNSW M/EFC/EFR) | write s | index build s | B/entry (data) | "
             "B/entry (with index) | exact p50/p99 ms | KNN p50/p99 ms | KNN recall@1 | "
             "server exact p50/p99 ms | server semantic p50/p99 ms |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -529,6 +529,8 @@ def plot(rows: Sequence[ScaleRow], path: Path) -> None:
 def command_line(args: argparse.Namespace) -> str:
     parts = [f"semserve bench scale --entries {args.entries} --tenants {args.tenants}",
              f"--queries {args.queries}"]
+    if args.algorithm != "HNSW":
+        parts.append(f"--algorithm {args.algorithm}")
     if args.hnsw_m:
         parts.append(f"--hnsw-m {args.hnsw_m}")
     if args.ef_construction:
@@ -586,6 +588,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(0.5: cosine about 0.89 to its source)")
     p.add_argument("--hnsw-m", type=int, default=0, help="HNSW M (0: cache.schema's)")
     p.add_argument("--ef-construction", type=int, default=0, help="HNSW EF_CONSTRUCTION (0: cache.schema's)")
+    p.add_argument("--algorithm", choices=("HNSW", "FLAT"), default="HNSW",
+                   help="vector index: HNSW (cache.schema's parameters) or FLAT (brute force)")
     p.add_argument("--ef-runtime", default="", help="EF_RUNTIME values to try on the query, e.g. 10,50")
     p.add_argument("--ef-runtime-default", type=int, default=0, help="the index's EF_RUNTIME (0: schema)")
     p.add_argument("--index-timeout", type=float, default=7200.0, help="seconds to wait for the index")

@@ -52,6 +52,8 @@ class IndexSchema:
     hnsw_m: int = 16
     hnsw_ef_construction: int = 64
     hnsw_ef_runtime: int = 10
+    # "FLAT" (exact brute force, no graph to build) for comparison runs of `semserve bench scale`.
+    vector_algorithm: str = "HNSW"
 
     def __post_init__(self) -> None:
         # Deployment names end up inside key names and the index name; ':' would let two
@@ -63,6 +65,8 @@ class IndexSchema:
             )
         if self.dim <= 0 or self.version <= 0:
             raise ValueError("dim and version must be positive")
+        if self.vector_algorithm not in ("HNSW", "FLAT"):
+            raise ValueError(f"vector_algorithm must be HNSW or FLAT, got {self.vector_algorithm!r}")
 
     @property
     def base(self) -> str:
@@ -92,19 +96,12 @@ class IndexSchema:
         # Imported here so that importing the settings (and the CLI's --help) stays light.
         from redis.commands.search.field import NumericField, TagField, VectorField
 
+        attrs: dict[str, Any] = {"TYPE": "FLOAT32", "DIM": self.dim, "DISTANCE_METRIC": "COSINE"}
+        if self.vector_algorithm == "HNSW":
+            attrs |= {"M": self.hnsw_m, "EF_CONSTRUCTION": self.hnsw_ef_construction,
+                      "EF_RUNTIME": self.hnsw_ef_runtime}
         return [
-            VectorField(
-                F_VECTOR,
-                "HNSW",
-                {
-                    "TYPE": "FLOAT32",
-                    "DIM": self.dim,
-                    "DISTANCE_METRIC": "COSINE",
-                    "M": self.hnsw_m,
-                    "EF_CONSTRUCTION": self.hnsw_ef_construction,
-                    "EF_RUNTIME": self.hnsw_ef_runtime,
-                },
-            ),
+            VectorField(F_VECTOR, self.vector_algorithm, attrs),
             TagField(F_TENANT),
             TagField(F_MODEL),
             TagField(F_FINGERPRINT),
