@@ -216,6 +216,32 @@ def _gpus(spec: dict[str, Any]) -> float:
     return 1.0  # a pod holds one accelerator unless the manifest says otherwise
 
 
+@dataclass
+class _Lookup:
+    """Where each value comes from: the revision's annotations, else config-autoscaler, else Knative's
+    default. Records in `sources` where each value it hands out was found."""
+
+    anns: dict[str, str]
+    cluster_config: dict[str, str] | None
+    sources: dict[str, str]
+
+    def cluster(self, key: str) -> str:
+        config = self.cluster_config or {}
+        self.sources[key] = "config-autoscaler" if key in config else "knative default"
+        return config[key] if key in config else CLUSTER_DEFAULTS[key]
+
+    def ann(self, key: str) -> tuple[str, str] | None:
+        """(annotation name, value) for a Knative key, legacy spelling included."""
+        hit = _get(self.anns, key)
+        if hit:
+            self.sources[key] = hit[0]
+        return hit
+
+    def ann_or_cluster(self, key: str, cluster_key: str | None = None) -> str:
+        hit = self.ann(key)
+        return hit[1] if hit else self.cluster(cluster_key or key)
+
+
 def settings_from_inferenceservice(
     isvc: dict[str, Any],
     component: str = "predictor",
@@ -225,16 +251,20 @@ def settings_from_inferenceservice(
     if isvc.get("kind", "InferenceService") != "InferenceService":
         raise ValueError(f"kind: expected InferenceService, got {isvc.get('kind')!r}")
     anns, spec = _component_annotations(isvc, component)
-    cfg = dict(CLUSTER_DEFAULTS)
-    cfg.update({k: str(v) for k, v in (cluster_config or {}).items()})
+    config = {k: str(v) for k, v in cluster_config.items()} if cluster_config else None
     s = SimSettings(name=str((isvc.get("metadata") or {}).get("name", "isvc")), component=component)
-    src = s.sources
+    look = _Lookup(anns, config, s.sources)
+    # The order below is the order `sources` lists (and `--show-settings` prints) them in.
+    _check_kpa(anns)
+    _metric(s, spec, anns, component)
+    _replicas(s, spec, anns, component)
+    _target(s, spec, look, component)
+    _windows(s, look)
+    _scale_timing(s, look)
+    return s
 
-    def cluster(key: str) -> str:
-        src_key = "config-autoscaler" if cluster_config and key in cluster_config else "knative default"
-        src[key] = src_key
-        return cfg[key]
 
+def _check_kpa(anns: dict[str, str]) -> None:
     mode = anns.get("serving.kserve.io/deploymentMode", "Knative")
     if mode not in ("Knative", "Serverless"):
         raise ValueError(
@@ -248,6 +278,8 @@ def settings_from_inferenceservice(
     if kn_class != KPA_CLASS:
         raise ValueError(f"{KN}class: {kn_class!r} is not simulated (only {KPA_CLASS})")
 
+
+def _metric(s: SimSettings, spec: dict[str, Any], anns: dict[str, str], component: str) -> None:
     # Metric: scaleMetric field wins over the annotation, as KServe overwrites it.
     metric = spec.get("scaleMetric") or anns.get(KN + "metric") or "concurrency"
     if metric not in ("concurrency", "rps"):
@@ -258,6 +290,10 @@ def settings_from_inferenceservice(
         raise ValueError(f"{KN}metric-aggregation-algorithm: {algo!r} is not linear or weighted-exponential")
     s.aggregation_algorithm = algo
 
+
+def _replicas(s: SimSettings, spec: dict[str, Any], anns: dict[str, str], component: str) -> None:
+    """Min/max replicas, containerConcurrency, timeout, progress deadline and GPUs: the component's fields."""
+    src = s.sources
     # min/max-scale: KServe's serviceAnnotationDisallowedList drops the annotations; the fields decide.
     for key in ("min-scale", "max-scale"):
         if _get(anns, key):
@@ -288,41 +324,34 @@ def settings_from_inferenceservice(
         s.progress_deadline_s = parse_duration(pd, "serving.knative.dev/progress-deadline")
     s.gpus_per_pod = _gpus(spec)
 
-    def ann(key: str) -> tuple[str, str] | None:
-        hit = _get(anns, key)
-        if hit:
-            src[key] = hit[0]
-        return hit
 
-    # Target (ResolveMetricTarget).
-    if metric == "rps":
-        total = _float(cluster("requests-per-second-target-default"), "requests-per-second-target-default")
-        tu = _float(
-            cluster("container-concurrency-target-percentage"), "container-concurrency-target-percentage"
-        )
+def _target(s: SimSettings, spec: dict[str, Any], look: _Lookup, component: str) -> None:
+    """The decider's per-pod target, as Knative's ResolveMetricTarget resolves it."""
+    if s.metric == "rps":
+        key = "requests-per-second-target-default"
+        total = _float(look.cluster(key), key)
     else:
-        total = float(s.container_concurrency) or _float(
-            cluster("container-concurrency-target-default"), "container-concurrency-target-default"
-        )
-        tu = _float(
-            cluster("container-concurrency-target-percentage"), "container-concurrency-target-percentage"
-        )
+        key = "container-concurrency-target-default"
+        total = float(s.container_concurrency) or _float(look.cluster(key), key)
+    key = "container-concurrency-target-percentage"
+    tu = _float(look.cluster(key), key)
     if tu > 1.0:
         tu /= 100.0  # the configmap takes 70 or 0.7
     scale_target = spec.get("scaleTarget")
     target_hit = (
-        (f"{component}.scaleTarget", str(scale_target)) if scale_target is not None else ann("target")
+        (f"{component}.scaleTarget", str(scale_target)) if scale_target is not None else look.ann("target")
     )
     if target_hit:
         t = _float(target_hit[1], target_hit[0])
         if t < TARGET_MIN:
             raise ValueError(f"{target_hit[0]}: {t} should be at least {TARGET_MIN}")
-        if metric == "rps" and t < 1:
+        if s.metric == "rps" and t < 1:
             raise ValueError(f"{target_hit[0]}: an rps target must be >= 1, got {t}")
         # Never aim above what containerConcurrency lets a pod take.
-        total = min(t, s.container_concurrency) if metric == "concurrency" and s.container_concurrency else t
-        src["target"] = target_hit[0]
-    if hit := ann("target-utilization-percentage"):
+        cc = s.container_concurrency
+        total = min(t, cc) if s.metric == "concurrency" and cc else t
+        s.sources["target"] = target_hit[0]
+    if hit := look.ann("target-utilization-percentage"):
         pct = _float(hit[1], hit[0])
         if not 1 <= pct <= 100:
             raise ValueError(f"{hit[0]}: {pct} is outside [1, 100]")
@@ -330,24 +359,26 @@ def settings_from_inferenceservice(
     s.target, s.total_value, s.target_utilization = total, total, tu
     s.target_value = max(TARGET_MIN, total * tu)
 
-    # Windows.
-    window_raw = hit[1] if (hit := ann("window")) else cluster("stable-window")
+
+def _windows(s: SimSettings, look: _Lookup) -> None:
+    """Stable and panic windows, panic threshold, burst capacity and the scale rates."""
+    window_raw = look.ann_or_cluster("window", "stable-window")
     s.stable_window = parse_duration(window_raw, f"{KN}window")
     if not WINDOW_MIN_S <= s.stable_window <= WINDOW_MAX_S:
         raise ValueError(f"{KN}window: {window_raw} is outside [6s, 1h]")
     if s.stable_window != round(s.stable_window):
         raise ValueError(f"{KN}window: {window_raw} must have at most second precision")
-    pwp_raw = hit[1] if (hit := ann("panic-window-percentage")) else cluster("panic-window-percentage")
+    pwp_raw = look.ann_or_cluster("panic-window-percentage")
     s.panic_window_percentage = _float(pwp_raw, f"{KN}panic-window-percentage")
     if not 1.0 <= s.panic_window_percentage <= 100.0:
         raise ValueError(f"{KN}panic-window-percentage: {pwp_raw} is outside [1, 100]")
     s.panic_window = panic_window_seconds(s.stable_window, s.panic_window_percentage)
-    ptp_raw = hit[1] if (hit := ann("panic-threshold-percentage")) else cluster("panic-threshold-percentage")
+    ptp_raw = look.ann_or_cluster("panic-threshold-percentage")
     s.panic_threshold_percentage = _float(ptp_raw, f"{KN}panic-threshold-percentage")
     if not 110.0 <= s.panic_threshold_percentage <= 1000.0:
         raise ValueError(f"{KN}panic-threshold-percentage: {ptp_raw} is outside [110, 1000]")
 
-    tbc_raw = hit[1] if (hit := ann("target-burst-capacity")) else cluster("target-burst-capacity")
+    tbc_raw = look.ann_or_cluster("target-burst-capacity")
     s.target_burst_capacity = _float(tbc_raw, f"{KN}target-burst-capacity")
     if s.target_burst_capacity < 0 and s.target_burst_capacity != -1:
         raise ValueError(f"{KN}target-burst-capacity: {tbc_raw} must be >= 0 or -1 (unlimited)")
@@ -357,25 +388,28 @@ def settings_from_inferenceservice(
         ("max-scale-up-rate", "max_scale_up_rate"),
         ("max-scale-down-rate", "max_scale_down_rate"),
     ):
-        raw = hit[1] if (hit := ann(key)) else cluster(key)
+        raw = look.ann_or_cluster(key)
         value = _float(raw, key)
         if value <= 1.0:
             raise ValueError(f"{KN}{key}: {raw} must be greater than 1")
         setattr(s, attr, value)
 
-    allow_zero = _bool(cluster("allow-zero-initial-scale"), "allow-zero-initial-scale")
-    s.initial_scale = _int(cluster("initial-scale"), "initial-scale")
-    if hit := ann("initial-scale"):
+
+def _scale_timing(s: SimSettings, look: _Lookup) -> None:
+    """Initial and activation scale, scale-down delay, retention, grace period, activator capacity."""
+    allow_zero = _bool(look.cluster("allow-zero-initial-scale"), "allow-zero-initial-scale")
+    s.initial_scale = _int(look.cluster("initial-scale"), "initial-scale")
+    if hit := look.ann("initial-scale"):
         init = _int(hit[1], hit[0])
         if init < 0:
             raise ValueError(f"{hit[0]}: {init} must be >= 0")
         if init == 0 and not allow_zero:
             s.warnings.append(f"{hit[0]}=0 ignored: config-autoscaler allow-zero-initial-scale is false")
-            src["initial-scale"] = "knative default (0 not allowed)"
+            s.sources["initial-scale"] = "knative default (0 not allowed)"
         else:
             s.initial_scale = init
 
-    if hit := ann("activation-scale"):
+    if hit := look.ann("activation-scale"):
         act = _int(hit[1], hit[0])
         if act < 2:
             raise ValueError(f"{hit[0]}: activation-scale={act} must be greater than 1")
@@ -385,30 +419,25 @@ def settings_from_inferenceservice(
             raise ValueError(f"{hit[0]}: max-scale={s.max_scale} is less than activation-scale={act}")
         s.activation_scale = act
 
-    sdd_raw = hit[1] if (hit := ann("scale-down-delay")) else cluster("scale-down-delay")
+    sdd_raw = look.ann_or_cluster("scale-down-delay")
     s.scale_down_delay = parse_duration(sdd_raw, f"{KN}scale-down-delay")
     if not 0 <= s.scale_down_delay <= WINDOW_MAX_S:
         raise ValueError(f"{KN}scale-down-delay: {sdd_raw} is outside [0s, 1h]")
     if s.scale_down_delay != round(s.scale_down_delay):
         raise ValueError(f"{KN}scale-down-delay: {sdd_raw} must have at most second precision")
-    ret_raw = (
-        hit[1]
-        if (hit := ann("scale-to-zero-pod-retention-period"))
-        else cluster("scale-to-zero-pod-retention-period")
-    )
+    ret_raw = look.ann_or_cluster("scale-to-zero-pod-retention-period")
     s.scale_to_zero_pod_retention_period = parse_duration(ret_raw, f"{KN}scale-to-zero-pod-retention-period")
     if not 0 <= s.scale_to_zero_pod_retention_period <= WINDOW_MAX_S:
         raise ValueError(f"{KN}scale-to-zero-pod-retention-period: {ret_raw} is outside [0s, 1h]")
     s.scale_to_zero_grace_period = parse_duration(
-        cluster("scale-to-zero-grace-period"), "scale-to-zero-grace-period"
+        look.cluster("scale-to-zero-grace-period"), "scale-to-zero-grace-period"
     )
     if s.scale_to_zero_grace_period <= 0:
         raise ValueError("scale-to-zero-grace-period: must be positive")
-    s.enable_scale_to_zero = _bool(cluster("enable-scale-to-zero"), "enable-scale-to-zero")
-    s.activator_capacity = _float(cluster("activator-capacity"), "activator-capacity")
+    s.enable_scale_to_zero = _bool(look.cluster("enable-scale-to-zero"), "enable-scale-to-zero")
+    s.activator_capacity = _float(look.cluster("activator-capacity"), "activator-capacity")
     if s.activator_capacity < 1:
         raise ValueError("activator-capacity: must be at least 1")
-    return s
 
 
 # --- Manifests on disk ------------------------------------------------------------------------
