@@ -79,7 +79,7 @@ def _how_measure(x: Analysis) -> set[str]:
     return {toks[i + 1] for i, w in enumerate(toks[:-1]) if w == "how" and toks[i + 1] in lexicon.HOW_MEASURE}
 
 
-def rule_vetoes(a: Analysis, b: Analysis) -> dict[str, str]:
+def _rule_vetoes(a: Analysis, b: Analysis) -> dict[str, str]:
     """Each guard rule of cache.verify.rules that objects, with its reason."""
     out = {}
     for name, rule in _RULES:
@@ -92,7 +92,7 @@ def rule_vetoes(a: Analysis, b: Analysis) -> dict[str, str]:
 def pair_features(query: str, cached: str, similarity: float) -> tuple[np.ndarray, dict[str, str]]:
     """The feature vector (FEATURE_NAMES order) and the rules that object (name -> reason)."""
     a, b = analyze(query), analyze(cached)
-    vetoes = rule_vetoes(a, b)
+    vetoes = _rule_vetoes(a, b)
     diff = content_diff(a, b)
     ca = {t.stem for t in a.tokens if t.content}
     cb = {t.stem for t in b.tokens if t.content}

@@ -130,7 +130,7 @@ class SemanticCache:
         dim = getattr(embedder, "dim", None)
         if dim is not None and int(dim) != store.schema.dim:
             raise ValueError(f"embedder dim {dim} != index dim {store.schema.dim}")
-        self.redis_store = store  # not `self.store`: that is the method
+        self._entries = store
         self.embedder = embedder
         self.verifier = verifier
         self.settings = settings
@@ -150,6 +150,12 @@ class SemanticCache:
     def _redis_span(self, operation: str, target: str | None = None) -> Any:
         name = f"{operation} {target}" if target else operation
         return tracing.span(name, tracing.SpanKind.CLIENT, db__operation__name=operation, **self._db_attrs)
+
+    @property
+    def entries(self) -> RedisCacheStore:
+        """The Redis store of this cache's entries, for what works on entries rather than on one
+        request: stats, flush, inspect (the admin routes). Not `store`: that method writes an answer."""
+        return self._entries
 
     @property
     def degraded(self) -> bool:
@@ -202,7 +208,7 @@ class SemanticCache:
         """Create the index if missing. Never raises for Redis failures (returns False)."""
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000.0):
-                created = await self.redis_store.ensure_index()
+                created = await self._entries.ensure_index()
         except (RedisError, *_UNREACHABLE) as e:
             self._redis_down(e)
             return False
@@ -216,7 +222,7 @@ class SemanticCache:
             await self.ensure_index()
 
     async def close(self) -> None:
-        await self.redis_store.close()
+        await self._entries.close()
 
     # -- lookup ------------------------------------------------------------------------------------
 
@@ -308,7 +314,7 @@ class SemanticCache:
         redis_budget = self.settings.lookup_timeout_ms / 1000.0
         with self._redis_span("HMGET") as span:
             async with asyncio.timeout(redis_budget):
-                hit = await self.redis_store.get_exact(req)
+                hit = await self._entries.get_exact(req)
             span.set_attribute("semserve.cache.exact_hit", hit is not None)
         res.timings["exact"] = (time.perf_counter() - t) * 1000.0
         await self._redis_up()
@@ -326,10 +332,10 @@ class SemanticCache:
 
         t = time.perf_counter()
         phase.name = "search"
-        with self._redis_span("FT.SEARCH", self.redis_store.schema.index_name) as span:
+        with self._redis_span("FT.SEARCH", self._entries.schema.index_name) as span:
             try:
                 async with asyncio.timeout(redis_budget):
-                    candidates = await self.redis_store.search(req, res.vector, self.settings.knn_k)
+                    candidates = await self._entries.search(req, res.vector, self.settings.knn_k)
             except ResponseError as e:
                 if not is_missing_index(e):
                     raise
@@ -426,7 +432,7 @@ class SemanticCache:
                         vector = await self._embed(req.prompt)
                 phase.name = "put"
                 with self._redis_span("EVALSHA"):
-                    await self.redis_store.put(req, req.prompt, vector, answer, self.settings.ttl_seconds)
+                    await self._entries.put(req, req.prompt, vector, answer, self.settings.ttl_seconds)
                 await self._redis_up()
         except TimeoutError:
             self.counters.timeouts += 1
@@ -466,7 +472,7 @@ class SemanticCache:
         req = self._scoped(req)
         if self._skip(req):
             return None
-        return keys.exact_key(req, self.redis_store.schema.version)
+        return keys.exact_key(req, self._entries.schema.version)
 
     async def run_once(
         self,
@@ -483,7 +489,7 @@ class SemanticCache:
         req = self._scoped(req)
         if self._skip(req):
             return await produce()
-        key = keys.exact_key(req, self.redis_store.schema.version)
+        key = keys.exact_key(req, self._entries.schema.version)
         while True:
             fut = self._flights.get(key)
             if fut is None:
@@ -534,7 +540,7 @@ class SemanticCache:
         req = self._scoped(req)
         if self.replica_flights is None or self.counters.degraded or self._skip(req):
             return Claim("alone")
-        key = keys.exact_key(req, self.redis_store.schema.version)
+        key = keys.exact_key(req, self._entries.schema.version)
         with tracing.span("semserve.cache.singleflight.lease") as span:
             claim = await self.replica_flights.claim(key, self.settings.singleflight_wait_s)
             span.set_attribute("semserve.cache.singleflight.role", claim.role)
@@ -546,25 +552,10 @@ class SemanticCache:
         """The answer another replica stored for `req` (None: gone, or Redis failed: produce)."""
         try:
             async with asyncio.timeout(self.settings.lookup_timeout_ms / 1000.0):
-                hit = await self.redis_store.get_exact(self._scoped(req))
+                hit = await self._entries.get_exact(self._scoped(req))
         except (RedisError, *_UNREACHABLE):
             return None
         return hit.answer if hit is not None else None
-
-    async def serve(
-        self,
-        req: CacheRequest,
-        produce: Callable[[], Awaitable[Any]],
-        *,
-        should_store: Callable[[Any], bool] | None = None,
-    ) -> tuple[LookupResult, Any]:
-        """lookup, and on anything but a hit, `run_once(produce)` + store. For callers whose
-        answer is the stored payload itself (non-streaming)."""
-        res = await self.lookup(req)
-        if res.hit:
-            return res, res.answer
-        answer = await self.run_once(req, produce, vector=res.vector, should_store=should_store)
-        return res, answer
 
 
 def _redis_attributes(store: RedisCacheStore) -> dict[str, Any]:

@@ -9,6 +9,10 @@ set of the tenant's ids scored by creation time (Redis clock, µs), trimmed in t
 that writes the entry, so the cap holds under concurrent writers. The script names evicted keys it
 derives itself, which is fine on a standalone Redis (not cluster-safe).
 
+Index creation and every query go through redis-py's search API (`client.ft(index)`, `Query`,
+`querystring`): the library builds the FT.* arguments and parses the replies into Result/Document
+objects. The tag values in the filters are hex digests (cache.keys), so nothing needs escaping.
+
 This module does no timeouts or fail-open itself beyond the socket timeout: that is cache.policy's
 job. Errors surface as redis-py exceptions.
 """
@@ -24,6 +28,9 @@ import numpy as np
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.search.document import Document
+from redis.commands.search.query import Query
+from redis.commands.search.querystring import intersect, tags
 from redis.exceptions import ResponseError
 
 from cache import keys
@@ -92,14 +99,12 @@ class CachedAnswer:
 
 @dataclass(frozen=True)
 class Candidate:
+    """A KNN neighbour: what the verifier judges (prompt, similarity) and what a hit serves."""
+
     entry_id: str
     prompt: str
     similarity: float  # cosine similarity, 1 - RediSearch's cosine distance
     answer: Payload
-    created_at: float
-
-    def to_answer(self) -> CachedAnswer:
-        return CachedAnswer(self.answer, self.entry_id, self.created_at, self.similarity, self.prompt)
 
 
 class SchemaMismatchError(RuntimeError):
@@ -115,7 +120,9 @@ def make_client(settings: CacheSettings) -> aioredis.Redis:
     """An asyncio client whose every call is bounded by the store timeout.
 
     One immediate retry (no backoff) covers the stale pooled connection after a Redis restart; the
-    library default (3 retries, exponential backoff) would stall requests for seconds.
+    library default (3 retries, exponential backoff) would stall requests for seconds. RESP3 with
+    `legacy_responses=False`: the search API parses FT.SEARCH into Result objects and FT.INFO into a
+    dict with typed values (the legacy RESP3 surface returns raw maps for both).
     """
     timeout = settings.store_timeout_ms / 1000.0
     kwargs: dict[str, Any] = {
@@ -123,6 +130,7 @@ def make_client(settings: CacheSettings) -> aioredis.Redis:
         "socket_connect_timeout": timeout,
         "retry": Retry(NoBackoff(), 1),
         "protocol": 3,
+        "legacy_responses": False,
         "decode_responses": False,  # vectors are binary
         "health_check_interval": 0,
     }
@@ -148,26 +156,24 @@ def _b(v: str) -> bytes:
     return v.encode("utf-8", "surrogatepass")
 
 
-def _map(v: Any) -> dict[str, Any]:
-    """A RESP3 map or a RESP2 flat list, as a dict with str keys."""
-    if isinstance(v, dict):
-        return {_s(k): x for k, x in v.items()}
-    return {_s(v[i]): v[i + 1] for i in range(0, len(v) - 1, 2)}
+def _field(doc: Document, name: str, default: bytes = b"") -> Any:
+    """A returned field of a search result (absent when the hash lost it, e.g. expired)."""
+    return getattr(doc, name, default)
 
 
-def _search_rows(res: Any) -> tuple[int, list[tuple[str, dict[str, Any]]]]:
-    """(total, [(key, fields)]) from a raw FT.SEARCH reply, RESP3 or RESP2."""
-    if isinstance(res, dict):
-        m = _map(res)
-        rows = []
-        for r in m.get("results", []):
-            rm = _map(r)
-            rows.append((_s(rm["id"]), _map(rm.get("extra_attributes") or {})))
-        return int(m.get("total_results", 0)), rows
-    # RESP2: [total, key, [field, value, ...], key, [...], ...] (callers using NOCONTENT parse their own)
-    total, rest = int(res[0]), res[1:]
-    rows = [(_s(rest[i]), _map(rest[i + 1])) for i in range(0, len(rest) - 1, 2)]
-    return total, rows
+def _returning(query: Query, *fields: str) -> Query:
+    """Return these hash fields as raw bytes: prompts may hold lone surrogates (stored with
+    surrogatepass, see _b), which the library's lenient decoding would replace."""
+    for name in fields:
+        query.return_field(name, decode_field=False)
+    return query
+
+
+def _tenant_filter(tenant_tag: str, model: str | None = None) -> str:
+    terms = {F_TENANT: tags(tenant_tag)}
+    if model is not None:
+        terms[F_MODEL] = tags(keys.model_tag(model))
+    return str(intersect(**terms))
 
 
 class RedisCacheStore:
@@ -206,9 +212,6 @@ class RedisCacheStore:
     async def close(self) -> None:
         await self.client.aclose()
 
-    async def ping(self) -> bool:
-        return bool(await self.client.ping())
-
     # -- index -------------------------------------------------------------------------------------
 
     async def ensure_index(self) -> bool:
@@ -219,7 +222,7 @@ class RedisCacheStore:
         """
         name = self.schema.index_name
         try:
-            info = _map(await self.client.execute_command("FT.INFO", name))
+            info = await self.client.ft(name).info()
         except ResponseError as e:
             if not is_missing_index(e):
                 raise
@@ -236,9 +239,8 @@ class RedisCacheStore:
         return True
 
     def _check_dim(self, info: dict[str, Any]) -> None:
-        for attr in info.get("attributes", []):
-            a = _map(attr)
-            if _s(a.get("identifier", "")) == F_VECTOR and "dim" in a:
+        for a in info.get("attributes", []):
+            if a.get("identifier") == F_VECTOR and "dim" in a:
                 if int(a["dim"]) != self.schema.dim:
                     raise SchemaMismatchError(
                         f"index {self.schema.index_name} has dim {a['dim']}, expected {self.schema.dim}; "
@@ -247,12 +249,12 @@ class RedisCacheStore:
 
     # -- reads -------------------------------------------------------------------------------------
 
-    def entry_id(self, req: CacheRequest) -> str:
+    def _entry_id(self, req: CacheRequest) -> str:
         return keys.exact_key(req, self.schema.version)
 
     async def get_exact(self, req: CacheRequest) -> CachedAnswer | None:
         """One HMGET of the entry keyed by the exact key; the vector is not transferred."""
-        entry_id = self.entry_id(req)
+        entry_id = self._entry_id(req)
         answer, created, prompt = await self.client.hmget(
             self.schema.entry_key(entry_id), [F_ANSWER, F_CREATED_AT, F_PROMPT]
         )
@@ -268,10 +270,12 @@ class RedisCacheStore:
 
     def _filter(self, req: CacheRequest) -> str:
         # All values are hex digests: nothing in them needs escaping in a TAG query.
-        return (
-            f"@{F_TENANT}:{{{keys.tenant_tag(req.tenant)}}} "
-            f"@{F_MODEL}:{{{keys.model_tag(req.model)}}} "
-            f"@{F_FINGERPRINT}:{{{keys.fingerprint(req, self.schema.version)}}}"
+        return str(
+            intersect(**{
+                F_TENANT: tags(keys.tenant_tag(req.tenant)),
+                F_MODEL: tags(keys.model_tag(req.model)),
+                F_FINGERPRINT: tags(keys.fingerprint(req, self.schema.version)),
+            })
         )
 
     def _vector_bytes(self, vector: np.ndarray) -> bytes:
@@ -281,29 +285,29 @@ class RedisCacheStore:
         return v.tobytes()
 
     async def search(self, req: CacheRequest, vector: np.ndarray, k: int = 5) -> list[Candidate]:
-        """The k nearest entries with the same tenant, model and fingerprint, most similar first."""
-        query = f"({self._filter(req)})=>[KNN {int(k)} @{F_VECTOR} $vec AS dist]"
-        res = await self.client.execute_command(
-            "FT.SEARCH", self.schema.index_name, query,
-            "PARAMS", 2, "vec", self._vector_bytes(vector),
-            "RETURN", 4, F_PROMPT, F_ANSWER, F_CREATED_AT, "dist",
-            "SORTBY", "dist", "ASC",
-            "LIMIT", 0, int(k),
-            "DIALECT", 2,
-        )  # fmt: skip
-        _, rows = _search_rows(res)
+        """The k nearest entries with the same tenant, model and fingerprint, most similar first.
+
+        Returns only what the decision uses: the prompt and distance for the verifier, the answer
+        to serve an accepted candidate without a second round trip."""
+        query = _returning(
+            Query(f"{self._filter(req)}=>[KNN {int(k)} @{F_VECTOR} $vec AS dist]"), F_PROMPT, F_ANSWER
+        ).return_field("dist")
+        query = query.sort_by("dist", asc=True).paging(0, int(k)).dialect(2)
+        res = await self.client.ft(self.schema.index_name).search(
+            query, query_params={"vec": self._vector_bytes(vector)}
+        )
         prefix = self.schema.entry_prefix
         out = []
-        for key, f in rows:
-            if F_ANSWER not in f:  # expired between match and load
+        for doc in res.docs:
+            answer = _field(doc, F_ANSWER, b"")
+            if not answer:  # expired between match and load
                 continue
             out.append(
                 Candidate(
-                    entry_id=key[len(prefix) :] if key.startswith(prefix) else key,
-                    prompt=_s(f.get(F_PROMPT, b"")),
-                    similarity=1.0 - float(_s(f["dist"])),
-                    answer=loads(_s(f[F_ANSWER])),
-                    created_at=float(_s(f.get(F_CREATED_AT, b"0"))),
+                    entry_id=doc.id.removeprefix(prefix),
+                    prompt=_s(_field(doc, F_PROMPT)),
+                    similarity=1.0 - float(doc.dist),
+                    answer=loads(_s(answer)),
                 )
             )
         out.sort(key=lambda c: c.similarity, reverse=True)
@@ -324,7 +328,7 @@ class RedisCacheStore:
         ttl = int(ttl_seconds if ttl_seconds is not None else self.ttl_seconds)
         if ttl < 1:
             raise ValueError("ttl_seconds must be >= 1")
-        entry_id = self.entry_id(req)
+        entry_id = self._entry_id(req)
         t_tag = keys.tenant_tag(req.tenant)
         fields: list[Any] = [
             F_VECTOR, self._vector_bytes(vector),
@@ -358,16 +362,10 @@ class RedisCacheStore:
         return entry_id
 
     async def _ids_matching(self, query: str, batch: int) -> list[str]:
-        res = await self.client.execute_command(
-            "FT.SEARCH", self.schema.index_name, query, "NOCONTENT", "LIMIT", 0, batch, "DIALECT", 2
-        )
-        if isinstance(res, dict):
-            _, rows = _search_rows(res)
-            keys_ = [k for k, _ in rows]
-        else:
-            keys_ = [_s(k) for k in res[1:]]
+        q = Query(query).no_content().paging(0, batch).dialect(2)
+        res = await self.client.ft(self.schema.index_name).search(q)
         prefix = self.schema.entry_prefix
-        return [k[len(prefix) :] for k in keys_ if k.startswith(prefix)]
+        return [d.id[len(prefix) :] for d in res.docs if d.id.startswith(prefix)]
 
     async def flush_revision(
         self, revision: str, tenant: str | None = None, model: str | None = None, *, batch: int = 1000
@@ -380,29 +378,25 @@ class RedisCacheStore:
         reading that label back, page by page, before deleting anything."""
         if not revision:
             raise ValueError("revision must be non-empty")
-        terms = []
+        terms = {}
         if tenant is not None:
-            terms.append(f"@{F_TENANT}:{{{keys.tenant_tag(tenant)}}}")
+            terms[F_TENANT] = tags(keys.tenant_tag(tenant))
         if model is not None:
-            terms.append(f"@{F_MODEL}:{{{keys.model_tag(model)}}}")
-        query = " ".join(terms) or "*"
+            terms[F_MODEL] = tags(keys.model_tag(model))
+        query = str(intersect(**terms)) if terms else "*"
         suffix = f"@{revision}"
         found: list[tuple[str, str]] = []  # (entry id, tenant tag)
         offset = 0
         prefix = self.schema.entry_prefix
         try:
             while True:
-                res = await self.client.execute_command(
-                    "FT.SEARCH", self.schema.index_name, query,
-                    "RETURN", 2, F_MODEL_NAME, F_TENANT,
-                    "LIMIT", offset, batch, "DIALECT", 2,
-                )  # fmt: skip
-                _, rows = _search_rows(res)
-                for key, f in rows:
-                    label = _s(f.get(F_MODEL_NAME, b""))
-                    if key.startswith(prefix) and label.endswith(suffix):
-                        found.append((key[len(prefix) :], _s(f.get(F_TENANT, b""))))
-                if len(rows) < batch:
+                q = _returning(Query(query), F_MODEL_NAME, F_TENANT).paging(offset, batch).dialect(2)
+                docs = (await self.client.ft(self.schema.index_name).search(q)).docs
+                for doc in docs:
+                    label = _s(_field(doc, F_MODEL_NAME))
+                    if doc.id.startswith(prefix) and label.endswith(suffix):
+                        found.append((doc.id[len(prefix) :], _s(_field(doc, F_TENANT))))
+                if len(docs) < batch:
                     break
                 offset += batch
         except ResponseError as e:
@@ -423,9 +417,7 @@ class RedisCacheStore:
         """Delete a tenant's entries (only those of `model`, all revisions, if given). Returns the count."""
         t_tag = keys.tenant_tag(tenant)
         zkey = self.schema.tenant_zset_key(t_tag)
-        query = f"@{F_TENANT}:{{{t_tag}}}"
-        if model is not None:
-            query += f" @{F_MODEL}:{{{keys.model_tag(model)}}}"
+        query = _tenant_filter(t_tag, model)
         deleted = 0
         try:
             while True:
@@ -455,17 +447,15 @@ class RedisCacheStore:
     # -- introspection -----------------------------------------------------------------------------
 
     async def _count(self, query: str) -> int:
-        res = await self.client.execute_command(
-            "FT.SEARCH", self.schema.index_name, query, "LIMIT", 0, 0, "DIALECT", 2
-        )
-        return _search_rows(res)[0]
+        res = await self.client.ft(self.schema.index_name).search(Query(query).paging(0, 0).dialect(2))
+        return int(res.total)
 
     async def stats(self, tenant: str | None = None) -> dict[str, Any]:
         """Entries per tenant and index figures. Counts come from the index, so they exclude expired
         entries once Redis has reaped them."""
         out: dict[str, Any] = {"index": self.schema.index_name, "schema_version": self.schema.version}
         try:
-            info = _map(await self.client.execute_command("FT.INFO", self.schema.index_name))
+            info = await self.client.ft(self.schema.index_name).info()
         except ResponseError as e:
             if not is_missing_index(e):
                 raise
@@ -486,7 +476,7 @@ class RedisCacheStore:
             names = {_s(k): _s(v) for k, v in (await self.client.hgetall(self.schema.tenants_key)).items()}
         tenants = {}
         for tag, name in sorted(names.items(), key=lambda kv: kv[1]):
-            n = await self._count(f"@{F_TENANT}:{{{tag}}}")
+            n = await self._count(_tenant_filter(tag))
             if n or tenant is not None:
                 tenants[name] = n
         out["tenants"] = tenants
@@ -494,41 +484,38 @@ class RedisCacheStore:
 
     async def inspect(self, tenant: str, limit: int = 20) -> list[dict[str, Any]]:
         """A tenant's newest entries, for debugging."""
-        t_tag = keys.tenant_tag(tenant)
+        query = _returning(
+            Query(_tenant_filter(keys.tenant_tag(tenant))), F_PROMPT, F_MODEL_NAME, F_KIND, F_ANSWER
+        ).return_field(F_CREATED_AT)
+        query = query.sort_by(F_CREATED_AT, asc=False).paging(0, int(limit)).dialect(2)
         try:
-            res = await self.client.execute_command(
-                "FT.SEARCH", self.schema.index_name, f"@{F_TENANT}:{{{t_tag}}}",
-                "RETURN", 5, F_PROMPT, F_MODEL_NAME, F_KIND, F_CREATED_AT, F_ANSWER,
-                "SORTBY", F_CREATED_AT, "DESC",
-                "LIMIT", 0, int(limit),
-                "DIALECT", 2,
-            )  # fmt: skip
+            docs = (await self.client.ft(self.schema.index_name).search(query)).docs
         except ResponseError as e:
             if is_missing_index(e):
                 return []
             raise
-        _, rows = _search_rows(res)
         pipe = self.client.pipeline(transaction=False)
-        for key, _ in rows:
-            pipe.pttl(key)
-        ttls = await pipe.execute() if rows else []
+        for doc in docs:
+            pipe.pttl(doc.id)
+        ttls = await pipe.execute() if docs else []
         prefix = self.schema.entry_prefix
         now = time.time()
         out = []
-        for (key, f), ttl in zip(rows, ttls, strict=True):
-            if F_ANSWER not in f:
+        for doc, ttl in zip(docs, ttls, strict=True):
+            answer = _field(doc, F_ANSWER, b"")
+            if not answer:
                 continue
-            created = float(_s(f.get(F_CREATED_AT, b"0")))
+            created = float(_field(doc, F_CREATED_AT, "0"))
             out.append(
                 {
-                    "id": key[len(prefix) :],
-                    "model": _s(f.get(F_MODEL_NAME, b"")),
-                    "kind": _s(f.get(F_KIND, b"")),
-                    "prompt": _s(f.get(F_PROMPT, b"")),
+                    "id": doc.id[len(prefix) :],
+                    "model": _s(_field(doc, F_MODEL_NAME)),
+                    "kind": _s(_field(doc, F_KIND)),
+                    "prompt": _s(_field(doc, F_PROMPT)),
                     "created_at": created,
                     "age_s": round(max(0.0, now - created), 3),
                     "expires_in_s": round(int(ttl) / 1000.0, 3) if int(ttl) >= 0 else None,
-                    "answer": json.loads(_s(f[F_ANSWER])),
+                    "answer": json.loads(_s(answer)),
                 }
             )
         return out

@@ -34,7 +34,7 @@ def register_admin_routes(app: FastAPI, cache: SemanticCache | None, auth: Authe
     async def stats(request: Request) -> JSONResponse:
         async def op() -> Any:
             assert cache is not None
-            result = await cache.redis_store.stats(request.query_params.get("tenant") or None)
+            result = await cache.entries.stats(request.query_params.get("tenant") or None)
             return {**result, "counters": _counters(cache)}
 
         return await guarded(request, op)
@@ -46,10 +46,10 @@ def register_admin_routes(app: FastAPI, cache: SemanticCache | None, auth: Authe
             revision = request.query_params.get("model_revision") or None
             if revision is not None:
                 tenant: str | None = request.query_params.get("tenant") or None
-                deleted = await cache.redis_store.flush_revision(revision, tenant, model)
+                deleted = await cache.entries.flush_revision(revision, tenant, model)
             else:
                 tenant = tenant_param(request)
-                deleted = await cache.redis_store.flush(tenant, model)
+                deleted = await cache.entries.flush(tenant, model)
             return {"tenant": tenant, "model": model, "model_revision": revision, "deleted": deleted}
 
         return await guarded(request, op)
@@ -70,7 +70,7 @@ def register_admin_routes(app: FastAPI, cache: SemanticCache | None, auth: Authe
         async def op() -> Any:
             assert cache is not None
             tenant, limit = tenant_param(request), limit_param(request)
-            return {"entries": await cache.redis_store.inspect(tenant, limit)}
+            return {"entries": await cache.entries.inspect(tenant, limit)}
 
         return await guarded(request, op)
 

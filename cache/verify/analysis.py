@@ -86,7 +86,7 @@ _UNIT_WORDS = {
 }
 
 
-def word_key(w: str) -> str:
+def _word_key(w: str) -> str:
     """What a word is compared by: its unit, or else the head of its stem's synonym group."""
     unit = _UNIT_WORDS.get(w)
     if unit is not None:
@@ -126,7 +126,7 @@ def is_typo(a: str, b: str) -> bool:
 @dataclass(frozen=True)
 class Token:
     text: str  # lowercase surface form
-    stem: str  # comparison key: unit, or synonym-group head of the stem (see word_key)
+    stem: str  # comparison key: unit, or synonym-group head of the stem (see _word_key)
     specific: bool  # proper noun, acronym or code-like (version, error code)
     content: bool  # counts as a content word
     anchor: bool  # can take part in a swap: content words, numbers, weekdays and months
@@ -407,7 +407,7 @@ def _tokens(
         if w == BOUNDARY:
             tokens.append(Token(w, w, False, False, False))
             continue
-        key = word_key(w)
+        key = _word_key(w)
         # Stopword and framing lists apply to the word itself, not its synonym group: "make" frames
         # a request, "create" (same group) does not.
         raw_stem = stem(split.surface[i])
@@ -443,5 +443,5 @@ def analyze(text: str) -> Analysis:
         times=frozenset(times),
         qtypes=qtypes,
         yesno=yesno,
-        words=Counter(word_key(w) for w in words if w != BOUNDARY),
+        words=Counter(_word_key(w) for w in words if w != BOUNDARY),
     )

@@ -3,14 +3,14 @@ that asks for it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 
 from cache.keys import CacheRequest
-from cache.policy import SemanticCache
+from cache.policy import LookupResult, SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 from semserve.tooling.local_redis import RedisServer, free_port
@@ -67,3 +67,14 @@ async def cache(store: RedisCacheStore, cache_settings: CacheSettings) -> Semant
 
 def chat(prompt: str, tenant: str = "acme", model: str = "smollm2", **kw: Any) -> CacheRequest:
     return CacheRequest(tenant=tenant, model=model, kind=kw.pop("kind", "chat"), prompt=prompt, **kw)
+
+
+async def serve(
+    cache: SemanticCache, req: CacheRequest, produce: Callable[[], Awaitable[Any]]
+) -> tuple[LookupResult, Any]:
+    """What the transformer does with a request (transformers_svc/front.py): lookup, and on anything
+    but a hit one shared generation (run_once), stored by its leader."""
+    res = await cache.lookup(req)
+    if res.hit:
+        return res, res.answer
+    return res, await cache.run_once(req, produce, vector=res.vector)

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from cache import keys
 from cache.policy import SemanticCache
 from cache.store import RedisCacheStore
 from semserve.tooling.local_redis import RedisServer, free_port
 
-from .conftest import chat, make_settings
+from .conftest import chat, make_settings, serve
 from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 
 Q = "What is the capital of France?"
@@ -138,7 +139,7 @@ async def test_redis_never_started() -> None:
     async def produce() -> dict:
         return {"text": "from the predictor"}
 
-    res, answer = await cache.serve(chat(Q), produce)
+    res, answer = await serve(cache, chat(Q), produce)
     assert res.status == "error" and answer == {"text": "from the predictor"}
     assert time.perf_counter() - t < 2 * BOUND_S
     await cache.close()
@@ -172,7 +173,7 @@ async def test_broken_verifier_and_corrupt_entry_fail_open(
     import redis as sync_redis
 
     client = sync_redis.Redis.from_url(own_server.url)
-    key = own_cache.redis_store.schema.entry_key(own_cache.redis_store.entry_id(chat(Q)))
+    key = own_cache.entries.schema.entry_key(keys.exact_key(chat(Q), own_cache.entries.schema.version))
     client.hset(key, "answer", b"{not json")
     client.close()
     res = await own_cache.lookup(chat(Q))

@@ -74,7 +74,7 @@ async def test_hostile_prompt_and_model_stay_in_tenant(cache: SemanticCache, hos
 
 @pytest.mark.parametrize("hostile", HOSTILE)
 async def test_hostile_admin_operations_stay_in_tenant(cache: SemanticCache, hostile: str) -> None:
-    store: RedisCacheStore = cache.redis_store
+    store: RedisCacheStore = cache.entries
     await _seed(cache)
     assert await store.inspect(hostile) == []
     stats = await store.stats(hostile)
@@ -95,7 +95,7 @@ async def test_hostile_tenants_are_apart_from_each_other(cache: SemanticCache) -
         assert res.status == "exact" and _owner(res) == t, (t, res)
         res = await cache.lookup(chat("Explain recursion to me, please.", tenant=t))
         assert _owner(res) in (None, t), (t, res)
-    totals = (await cache.redis_store.stats())["tenants"]
+    totals = (await cache.entries.stats())["tenants"]
     assert all(n == 1 for n in totals.values()) and len(totals) == len(set(tenants))
 
 
@@ -105,7 +105,7 @@ async def test_hostile_tenants_are_apart_from_each_other(cache: SemanticCache) -
        prompt=st.text(max_size=60) | st.sampled_from(HOSTILE + PROMPTS))
 async def test_random_strings_never_see_b(cache: SemanticCache, tenant: str, prompt: str) -> None:
     # The fixture is shared by all examples: seed once.
-    if (await cache.redis_store.stats(B))["tenants"].get(B, 0) == 0:
+    if (await cache.entries.stats(B))["tenants"].get(B, 0) == 0:
         await _seed(cache)
     if tenant in (A, B):
         return

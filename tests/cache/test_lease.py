@@ -12,7 +12,7 @@ import redis
 from redis.asyncio import Redis
 
 from cache.lease import ReplicaFlights
-from cache.redis_server import RedisServer, free_port
+from semserve.tooling.local_redis import RedisServer, free_port
 
 
 @pytest.fixture

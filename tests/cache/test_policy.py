@@ -10,7 +10,7 @@ from cache.policy import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 
-from .conftest import chat
+from .conftest import chat, serve
 from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 
 Q = "What is the capital of France?"
@@ -95,7 +95,7 @@ async def test_single_flight_calls_produce_once(cache: SemanticCache) -> None:
         await asyncio.sleep(0.2)
         return {"text": "Paris"}
 
-    results = await asyncio.gather(*(cache.serve(chat(Q), produce) for _ in range(20)))
+    results = await asyncio.gather(*(serve(cache, chat(Q), produce) for _ in range(20)))
     assert calls == 1
     assert all(answer == {"text": "Paris"} for _, answer in results)
     assert cache.counters.singleflight_leaders == 1 and cache.counters.singleflight_joined == 19
@@ -159,3 +159,12 @@ async def test_single_flight_wait_is_bounded(store: RedisCacheStore, cache_setti
 def test_embedder_dim_mismatch_is_refused(store: RedisCacheStore, cache_settings: CacheSettings) -> None:
     with pytest.raises(ValueError):
         SemanticCache(store, HashingEmbedderDouble(dim=128), ThresholdVerifierDouble(), cache_settings)
+
+
+async def test_entries_is_the_store_of_the_entries(cache: SemanticCache) -> None:
+    # The public accessor the admin routes use: stats, flush and inspect over this cache's entries.
+    await cache.store(chat(Q), {"text": "Paris"})
+    assert (await cache.entries.stats("acme"))["tenants"] == {"acme": 1}
+    assert [r["prompt"] for r in await cache.entries.inspect("acme")] == [Q]
+    assert await cache.entries.flush("acme") == 1
+    assert (await cache.lookup(chat(Q))).status == "miss"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -165,4 +166,32 @@ async def test_stats_and_inspect(store: RedisCacheStore) -> None:
 async def test_put_rejects_wrong_dimension(store: RedisCacheStore) -> None:
     with pytest.raises(ValueError):
         await store.put(chat("x"), "x", np.zeros(10, np.float32), {"a": 1})
-    assert keys.exact_key(chat("x")) == store.entry_id(chat("x"))
+    # The entry id is the exact key.
+    entry_id = await store.put(chat("x"), "x", np.ones(store.schema.dim, np.float32), {"a": 1})
+    assert keys.exact_key(chat("x")) == entry_id
+
+
+async def test_search_and_inspect_keep_stored_text_byte_exact(store: RedisCacheStore) -> None:
+    # Prompts come back as stored, lone surrogates included (the search API's own decoding would
+    # replace them), and an entry that expired between match and load is skipped.
+    p = "caf\u00e9 \ud800 what is the capital of France?"
+    await put(store, p, "Paris")
+    found = await store.search(chat(p), await emb.embed(p))
+    assert [c.prompt for c in found] == [p] and found[0].answer == {"text": "Paris"}
+    assert [r["prompt"] for r in await store.inspect("acme")] == [p]
+    await store.client.hdel(store.schema.entry_key(found[0].entry_id), "answer")
+    assert await store.search(chat(p), await emb.embed(p)) == []
+    assert await store.inspect("acme") == []
+
+
+async def test_index_dimension_is_checked_through_ft_info(cache_settings: CacheSettings) -> None:
+    from cache.store import SchemaMismatchError
+
+    small = RedisCacheStore.from_settings(dataclasses.replace(cache_settings, embedding_dim=8))
+    try:
+        assert await small.ensure_index() is True
+        other = RedisCacheStore.from_settings(cache_settings, client=small.client)
+        with pytest.raises(SchemaMismatchError):
+            await other.ensure_index()
+    finally:
+        await small.close()

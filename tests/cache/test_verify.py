@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -211,3 +212,18 @@ def test_decision_is_logged_with_rule_and_score(
     assert fields["rule"] == "direction"
     assert fields["score"] == 0.96
     assert fields["accept"] is False
+
+
+def test_similarity_floor_is_the_cache_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One min_similarity: CacheSettings owns it; the verifier takes it like the error budget.
+    from cache.settings import CacheSettings
+
+    assert "min_similarity" not in {f.name for f in dataclasses.fields(VerifierSettings)}
+    q, c = "how can i reset my password", "How do I reset my password?"
+    strict = RuleVerifier(VerifierSettings(mode="rules"), min_similarity=0.9)
+    assert strict.check(q, c, 0.85).rule == "below_floor"
+    monkeypatch.setenv("SEMSERVE_CACHE_MIN_SIMILARITY", "0.9")
+    assert CacheSettings.from_env().min_similarity == 0.9
+    assert RuleVerifier(VerifierSettings(mode="rules")).check(q, c, 0.85).rule == "below_floor"
+    monkeypatch.delenv("SEMSERVE_CACHE_MIN_SIMILARITY")
+    assert RuleVerifier(VerifierSettings(mode="rules")).check(q, c, 0.85).accept
