@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from serverless.pods import Pod, ReplicaSet, Request
+from serverless.pods import Pod, ReplicaSet, Request, RequestState
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Activator:
         """False when the queue is full (503)."""
         if self.held_live >= self.queue_depth:
             return False
-        req.state = "held"
+        req.state = RequestState.HELD
         self.held.append(req)
         self.held_live += 1
         return True
@@ -69,7 +69,7 @@ class Activator:
         """Forward held requests, oldest first, while some pod has room."""
         while self.held:
             head = self.held[0]
-            if head.state != "held":
+            if head.state != RequestState.HELD:
                 self.held.popleft()
                 continue
             pod = self.target()

@@ -14,10 +14,22 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from itertools import count
 
 from serverless.events import EPS, EventKind, EventQueue
 from serverless.pod_profile import EngineProfile
+
+
+class RequestState(StrEnum):
+    NEW = "new"
+    HELD = "held"  # in the activator
+    QUEUED = "queued"  # in a pod's queue-proxy
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+    TIMED_OUT = "timed_out"  # the revision timeout passed first (503)
+    REJECTED = "rejected"  # a full queue (503)
 
 
 @dataclass
@@ -27,7 +39,7 @@ class Request:
     hit: bool
     output_tokens: int
     deadline: float
-    state: str = "new"  # held | queued | prefill | decode | done | timed_out | rejected
+    state: RequestState = RequestState.NEW
     remaining: float = 0.0
     prefill_end: float = 0.0
     first_token: float | None = None
@@ -142,7 +154,7 @@ class ReplicaSet:
         if dt > 0 and pod.running:
             rate = self.profile.per_request_tokens_per_s(len(pod.running))
             for r in pod.running:
-                if r.state == "decode":
+                if r.state == RequestState.DECODE:
                     r.remaining -= rate * dt
         pod.last_update = now
 
@@ -154,14 +166,14 @@ class ReplicaSet:
         rate = self.profile.per_request_tokens_per_s(len(pod.running))
         nxt = math.inf
         for r in pod.running:
-            if r.state == "prefill":
+            if r.state == RequestState.PREFILL:
                 nxt = min(nxt, r.prefill_end)
             else:
                 nxt = min(nxt, now + max(r.remaining, 0.0) / rate)
         self.events.push(max(nxt, now), EventKind.POD, (pod, pod.version))
 
     def _start(self, pod: Pod, req: Request) -> None:
-        req.state = "prefill"
+        req.state = RequestState.PREFILL
         req.prefill_end = self.events.now + self.profile.ttft(len(pod.running) + 1)
         req.remaining = float(req.output_tokens)
         pod.running.append(req)
@@ -175,7 +187,7 @@ class ReplicaSet:
         else:
             if pod.queued >= self.queue_limit:
                 return False
-            req.state = "queued"
+            req.state = RequestState.QUEUED
             pod.queue.append(req)
             pod.queued += 1
         return True
@@ -195,17 +207,17 @@ class ReplicaSet:
         self._advance(pod)
         finished = False
         for r in list(pod.running):
-            if r.state == "prefill" and r.prefill_end <= now + EPS:
-                r.state = "decode"
+            if r.state == RequestState.PREFILL and r.prefill_end <= now + EPS:
+                r.state = RequestState.DECODE
                 r.first_token = now
-            elif r.state == "decode" and r.remaining <= 1e-6:
-                r.state, r.done = "done", now
+            elif r.state == RequestState.DECODE and r.remaining <= 1e-6:
+                r.state, r.done = RequestState.DONE, now
                 pod.running.remove(r)
                 self.on_done(r)
                 finished = True
         while pod.queue and len(pod.running) < self.run_limit:
             r = pod.queue.popleft()
-            if r.state != "queued":
+            if r.state != RequestState.QUEUED:
                 continue  # timed out while queued
             pod.queued -= 1
             self._start(pod, r)

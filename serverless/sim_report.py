@@ -7,13 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serverless.pods import Request
+from serverless.pods import Request, RequestState
 
 SERIES_KEYS = (
     "t", "in_flight", "activator_queue", "pods_desired", "pods_ready", "pods_total",
     "decider_desired", "panic", "excess_burst_capacity", "activator_in_path",
     "stable_concurrency", "panic_concurrency",
 )  # fmt: skip
+
+
+_IN_FLIGHT = (RequestState.HELD, RequestState.QUEUED, RequestState.PREFILL, RequestState.DECODE)
 
 
 @dataclass
@@ -55,7 +58,7 @@ def summarize(
 ) -> tuple[dict[str, Any], list[tuple[float, float, bool]]]:
     """(summary, latencies) of a finished run."""
     overhead = transformer_overhead_s
-    served = [r for r in reqs if r.state == "done" and r.done is not None]
+    served = [r for r in reqs if r.state == RequestState.DONE and r.done is not None]
     lat_all = [(r.done - r.arrival) + (0.0 if r.hit else overhead) for r in served if r.done]
     lat_pred = [(r.done - r.arrival) + overhead for r in served if not r.hit and r.done]
     ttft = [r.first_token - r.arrival + overhead for r in served if r.first_token]
@@ -66,9 +69,9 @@ def summarize(
         "cache_hits": sum(1 for r in reqs if r.hit),
         "predictor_requests": len(misses),
         "served": len(served),
-        "timed_out": sum(1 for r in reqs if r.state == "timed_out"),
-        "rejected": sum(1 for r in reqs if r.state == "rejected"),
-        "unfinished": sum(1 for r in reqs if r.state in ("held", "queued", "prefill", "decode")),
+        "timed_out": sum(1 for r in reqs if r.state == RequestState.TIMED_OUT),
+        "rejected": sum(1 for r in reqs if r.state == RequestState.REJECTED),
+        "unfinished": sum(1 for r in reqs if r.state in _IN_FLIGHT),
         "latency_p50_s": percentile(lat_all, 50),
         "latency_p99_s": percentile(lat_all, 99),
         "predictor_latency_p50_s": percentile(lat_pred, 50),

@@ -28,7 +28,7 @@ from serverless.events import EPS, ConcurrencyMeter, EventKind, EventQueue
 from serverless.kpa import Decider, DeciderSpec, PAState, PodAutoscaler
 from serverless.metrics import SCRAPE_INTERVAL_S, TICK_INTERVAL_S, MetricCollector, Stat
 from serverless.pod_profile import EngineProfile
-from serverless.pods import Pod, ReplicaSet, Request
+from serverless.pods import Pod, ReplicaSet, Request, RequestState
 from serverless.settings_from_manifest import SimSettings
 from serverless.sim_report import SERIES_KEYS, RunStats, SimResult, summarize
 from serverless.traffic import Arrival
@@ -131,13 +131,13 @@ class Simulation:
     def _request_done(self, req: Request) -> None:
         self.load.remove(self.now)
 
-    def _fail(self, req: Request, state: str) -> None:
+    def _fail(self, req: Request, state: RequestState) -> None:
         self.load.remove(self.now)
         req.state = state
 
     def _forward(self, pod: Pod, req: Request) -> None:
         if not self.replicas.send(pod, req):
-            self._fail(req, "rejected")
+            self._fail(req, RequestState.REJECTED)
 
     def _release_held(self) -> None:
         self.activator.release(self._forward)
@@ -148,7 +148,7 @@ class Simulation:
         req = Request(idx, self.now, hit, output_tokens, deadline=self.now + self.s.timeout_s)
         self.requests.append(req)
         if hit:
-            req.state, req.done = "done", self.now + self.options.cache_hit_latency_s
+            req.state, req.done = RequestState.DONE, self.now + self.options.cache_hit_latency_s
             return
         self.load.add(self.now)
         self._rps_count += 1
@@ -170,15 +170,15 @@ class Simulation:
         if pod is not None and not self.activator.held:
             self._forward(pod, req)
         elif not self.activator.hold(req):
-            self._fail(req, "rejected")
+            self._fail(req, RequestState.REJECTED)
 
     def _deadline(self, req: Request) -> None:
-        if req.state == "held":
+        if req.state == RequestState.HELD:
             self.activator.expire(req)
-            self._fail(req, "timed_out")
-        elif req.state == "queued":
+            self._fail(req, RequestState.TIMED_OUT)
+        elif req.state == RequestState.QUEUED:
             self.replicas.unqueue(req)
-            self._fail(req, "timed_out")
+            self._fail(req, RequestState.TIMED_OUT)
 
     def _pod_ready(self, pod: Pod) -> None:
         if not self.replicas.mark_ready(pod):
