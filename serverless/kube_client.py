@@ -1,5 +1,10 @@
 """The Kubernetes API as `semserve tenant` uses it: the kubernetes package's DynamicClient (API discovery
-finds each kind's path), JSON documents in and out, and every failure described in one line."""
+finds each kind's path), JSON documents in and out, and every failure described in one line.
+
+Discovery reads /version, /api and /apis, which Kubernetes' default `system:discovery` and
+`system:public-info-viewer` roles grant every authenticated user: the tenant client's Role
+(manifests/tenant-client) needs nothing more for it. The discoverer caches what it learns in a file
+(`discovery_cache`), so later runs skip it."""
 
 from __future__ import annotations
 
