@@ -294,7 +294,7 @@ class TransformerOpenAI:
 
     def _observe(self, ctx: RequestContext, status: str) -> None:
         tracing.annotate(semserve__cache__status=status)
-        metrics.REQUEST_SECONDS.labels(self.name, "openai", status).observe(ctx.seconds())
+        metrics.REQUEST_SECONDS.labels(self.name, ctx.protocol, status).observe(ctx.seconds())
 
     def _record(
         self, r: _Request, status: int, cache: list[str], answers: list[str], error: str | None = None
