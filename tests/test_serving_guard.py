@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from semserve.serving import HttpGuard, ServingState
+from semserve.serving.http_guard import HttpGuard
+from semserve.serving.state import ServingState
 from tests.support import free_port
 
 
