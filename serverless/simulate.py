@@ -26,11 +26,11 @@ from dataclasses import dataclass, replace
 from serverless.activator import Activator
 from serverless.events import EPS, ConcurrencyMeter, EventKind, EventQueue
 from serverless.kpa import Decider, DeciderSpec, PAState, PodAutoscaler
-from serverless.metrics import SCRAPE_INTERVAL_S, TICK_INTERVAL_S, MetricCollector, Stat
+from serverless.metrics import SCRAPE_INTERVAL_S, TICK_INTERVAL_S, Stat
 from serverless.pod_profile import EngineProfile
 from serverless.pods import Pod, ReplicaSet, Request, RequestState
-from serverless.settings_from_manifest import SimSettings
 from serverless.sim_report import SERIES_KEYS, RunStats, SimResult, summarize
+from serverless.sim_settings import SimSettings
 from serverless.traffic import Arrival
 
 START_MODES = ("deploy", "idle", "warm")
@@ -81,12 +81,7 @@ class Simulation:
         self.series: dict[str, list[float]] = {k: [] for k in SERIES_KEYS}
         self._last_stable: float | None = None
         self._last_panic: float | None = None
-        self.collector = MetricCollector(
-            settings.stable_window,
-            settings.panic_window,
-            settings.aggregation_algorithm,
-            scrape_target=settings.target_burst_capacity != -1,
-        )
+        self.collector = settings.metric_collector()
         self.pa = PodAutoscaler(settings.scaler_config())
         self.decider = self._start_state(settings.decider_spec())
 

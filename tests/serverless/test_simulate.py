@@ -10,6 +10,7 @@ from serverless import settings_from_manifest as sfm
 from serverless.kpa import Autoscaler
 from serverless.metrics import MetricCollector, Stat
 from serverless.pod_profile import PROFILE_DIR, EngineProfile, StartupModel, load_profile, shipped_profiles
+from serverless.sim_settings import SimSettings
 from serverless.simulate import RunOptions, Simulation, simulate
 from serverless.traffic import Arrival, burst, diurnal, generate, read_trace, sporadic, steady, write_trace
 
@@ -25,7 +26,7 @@ def profile(startup_s: float) -> EngineProfile:
     )
 
 
-def settings(**predictor: object) -> sfm.SimSettings:
+def settings(**predictor: object) -> SimSettings:
     isvc = {"kind": "InferenceService", "metadata": {"name": "t"}, "spec": {"predictor": {"minReplicas": 0}}}
     anns = {k: str(v) for k, v in predictor.items() if "/" in k}
     fields = {k: v for k, v in predictor.items() if "/" not in k}
@@ -35,7 +36,7 @@ def settings(**predictor: object) -> sfm.SimSettings:
 
 
 def run(
-    s: sfm.SimSettings, arrivals: list[Arrival], duration: float, startup: float = 40.0, **kw: object
+    s: SimSettings, arrivals: list[Arrival], duration: float, startup: float = 40.0, **kw: object
 ) -> Simulation:
     options = RunOptions(duration=duration, start=kw.pop("start", "idle"), **kw)  # type: ignore[arg-type]
     sim = Simulation(s, profile(startup), arrivals, options)
