@@ -74,7 +74,7 @@ def run_deps(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m semserve.tooling.dependency_audit ...` is `semserve audit deps ...` without the
     other commands."""
-    parser = argparse.ArgumentParser(prog="semserve audit")
+    parser = argparse.ArgumentParser(prog="semserve")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["audit", "deps", *(argv if argv is not None else sys.argv[1:])])
     return int(args.func(args))
