@@ -51,7 +51,8 @@ class Result:
         gens = ", ".join(f"{g:g}" for g in self.generations)
         return (f"| {burst} | {self.config.replicas} | {'on' if self.config.lease else 'off'} | "
                 f"{statistics.mean(self.generations):.1f} ({gens}) | "
-                f"{_percentile(lat, 50) * 1000:.0f} | {_percentile(lat, 99) * 1000:.0f} | {self.errors} |")
+                f"{_percentile(lat, 0.50) * 1000:.0f} | {_percentile(lat, 0.99) * 1000:.0f} | "
+                f"{self.errors} |")
 
 
 def _generations(predictor_http: str) -> float:
@@ -82,13 +83,14 @@ def run_config(cfg: Config, burst: int, rounds: int, predictor_http: str, predic
 
     deployment = f"burst{uuid.uuid4().hex[:6]}"
     ports = [(_free_port(), _free_port()) for _ in range(cfg.replicas)]
+    tag = f"n{cfg.replicas}-lease-{'on' if cfg.lease else 'off'}"
     lease_flag = "--cache-singleflight-replicas" if cfg.lease else "--no-cache-singleflight-replicas"
     procs = [
         Proc(f"replica-{i}", ["transformer", "--http-port", str(h), "--grpc-port", str(g),
                               "--predictor-host", predictor_grpc, "--cache-redis-url", redis_url,
                               "--cache-deployment", deployment, "--log-level", "warning",
                               lease_flag],
-             f"http://127.0.0.1:{h}/v2/health/ready", LOG_DIR / f"burst-replica-{i}.log")
+             f"http://127.0.0.1:{h}/v2/health/ready", LOG_DIR / f"burst-{tag}-replica-{i}.log")
         for i, (h, g) in enumerate(ports)
     ]  # fmt: skip
     lb: LoadBalancer | None = None

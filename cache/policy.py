@@ -549,9 +549,10 @@ class SemanticCache:
         return claim
 
     async def peer_answer(self, req: CacheRequest) -> Payload | None:
-        """The answer another replica stored for `req` (None: gone, or Redis failed: produce)."""
+        """The answer another replica stored for `req` (None: gone, or Redis failed: produce). The
+        store's budget, not the lookup's: after a wait, a slow read still beats a generation."""
         try:
-            async with asyncio.timeout(self.settings.lookup_timeout_ms / 1000.0):
+            async with asyncio.timeout(self.settings.store_timeout_ms / 1000.0):
                 hit = await self._entries.get_exact(self._scoped(req))
         except (RedisError, *_UNREACHABLE):
             return None
