@@ -30,7 +30,7 @@ Tracing (OpenTelemetry API only, through semserve.tracing; no-ops unless the req
 `semserve.cache.lookup` with children HMGET (exact), `semserve.cache.embed`, FT.SEARCH (KNN) and
 `semserve.cache.verify` (the decision); `semserve.cache.singleflight.wait` for a request that joins
 a flight; `semserve.cache.store` with its EVALSHA. Redis spans follow the DB semantic conventions.
-No prompt text on any span unless audit-full mode is on.
+No prompt text on any span unless the transformer runs with --record-prompt-text.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ class SemanticCache:
                     "semserve.cache.entry_id": res.entry_id,
                     "semserve.cache.error": res.error,
                 }))
-                if tracing.audit_full():
+                if tracing.prompt_text_allowed():
                     span.set_attribute("semserve.cache.prompt", req.prompt)
                     if res.cached_prompt is not None:
                         span.set_attribute("semserve.cache.cached_prompt", res.cached_prompt)

@@ -68,7 +68,7 @@ class TracingSettings(Settings):
 @dataclass
 class _State:
     enabled: bool = False
-    audit_full: bool = False
+    prompt_text: bool = False
     memory: Any = None  # InMemorySpanExporter in memory mode
     provider: Any = None
     service: str = ""
@@ -77,11 +77,11 @@ class _State:
 _state = _State()
 
 
-def setup(settings: TracingSettings, service: str, *, audit_full: bool = False) -> bool:
+def setup(settings: TracingSettings, service: str, *, prompt_text: bool = False) -> bool:
     """Install the SDK provider for `service` (predictor | transformer). Returns whether tracing is on.
 
-    `audit_full` is the transformer's audit-full mode (--audit-full): only then is prompt text (the
-    matched and the cached prompt) put on the cache lookup span; otherwise never."""
+    `prompt_text` is the transformer's --record-prompt-text: only then is prompt text (the matched
+    and the cached prompt) put on the cache lookup span; otherwise never."""
     if settings.exporter == "none":
         return False
     if not 0.0 <= settings.sample_ratio <= 1.0:
@@ -124,8 +124,8 @@ def setup(settings: TracingSettings, service: str, *, audit_full: bool = False) 
         exporter = HttpExp(**({"endpoint": endpoint} if endpoint else {}))
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
-    _state.enabled, _state.audit_full, _state.provider, _state.service = (
-        True, audit_full, provider, service,
+    _state.enabled, _state.prompt_text, _state.provider, _state.service = (
+        True, prompt_text, provider, service,
     )
     return True
 
@@ -141,8 +141,8 @@ def enabled() -> bool:
     return _state.enabled
 
 
-def audit_full() -> bool:
-    return _state.audit_full
+def prompt_text_allowed() -> bool:
+    return _state.prompt_text
 
 
 def memory_mode() -> bool:

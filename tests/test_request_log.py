@@ -1,5 +1,5 @@
-"""The request log (--audit-log): opt-in JSON lines with a prompt hash (the prompt itself only
-with --audit-full), rotated by size, and never the prompt text in the service's own logs."""
+"""The request log (--request-log): opt-in JSON lines with a prompt hash (the prompt itself only
+with --record-prompt-text), rotated by size, and never the prompt text in the service's own logs."""
 
 from __future__ import annotations
 
@@ -22,29 +22,29 @@ def _lines(path: Path) -> list[dict]:
 
 
 def test_rotation_and_no_propagation(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    log = RequestLog(tmp_path / "audit.jsonl", full=True, max_bytes=2000, backups=2)
+    log = RequestLog(tmp_path / "requests.jsonl", full=True, max_bytes=2000, backups=2)
     import time
 
     for i in range(60):
         log.record(route="/x", protocol="v2-rest", status=200, cache=["miss"], started=time.monotonic(),
                    prompts=[f"secret prompt {i}"], request_id=str(i), answers=["a"])
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"], files
+    assert files == ["requests.jsonl", "requests.jsonl.1", "requests.jsonl.2"], files
     assert all(p.stat().st_size <= 2500 for p in tmp_path.iterdir())
-    # Full records hold prompts: they go to the audit file only, never to the root logger.
+    # Full records hold prompts: they go to the request log file only, never to the root logger.
     assert "secret prompt" not in caplog.text
-    last = _lines(tmp_path / "audit.jsonl")[-1]
+    last = _lines(tmp_path / "requests.jsonl")[-1]
     assert last["request_id"] == "59" and last["request"]["prompts"] == ["secret prompt 59"]
     assert last["prompt_sha256"] == [hashlib.sha256(b"secret prompt 59").hexdigest()]
     assert RequestLog(None).enabled is False
 
 
 @pytest.fixture(scope="module")
-def audited(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("audit")
-    t = start_transformer("audit", predictor.grpc, redis_url,
-                          "--audit-log", str(d / "audit.jsonl"), "--log-level", "debug")
-    yield t, d / "audit.jsonl", LOG_DIR / "transformer-audit.log"
+def logged(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("request-log")
+    t = start_transformer("request-log", predictor.grpc, redis_url,
+                          "--request-log", str(d / "requests.jsonl"), "--log-level", "debug")
+    yield t, d / "requests.jsonl", LOG_DIR / "transformer-request-log.log"
     t.process.stop()
 
 
@@ -71,17 +71,17 @@ def _traffic(t: Transformer, word: str) -> list[str]:
     return [p_v2, p_chat]
 
 
-def test_audit_lines_carry_hashes_not_prompts(audited) -> None:
-    t, audit_path, _ = audited
+def test_lines_carry_hashes_not_prompts(logged) -> None:
+    t, log_path, _ = logged
     word = f"zebrafinch{uuid.uuid4().hex[:6]}"
-    start = audit_path.stat().st_size if audit_path.exists() else 0
+    start = log_path.stat().st_size if log_path.exists() else 0
     prompts = _traffic(t, word)
-    entries = [json.loads(line) for line in audit_path.read_text()[start:].splitlines() if line.strip()]
+    entries = [json.loads(line) for line in log_path.read_text()[start:].splitlines() if line.strip()]
     assert len(entries) == 7, entries
     for e in entries:
         assert FIELDS <= set(e) and "request" not in e and "response" not in e
         assert e["tenant"] == "default" and e["latency_ms"] >= 0
-    text = audit_path.read_text()
+    text = log_path.read_text()
     assert word not in text  # hashes only
     v2_lines = [e for e in entries if e["protocol"] == "v2-rest"]
     assert [e["cache"] for e in v2_lines] == [["miss"], ["exact"]]
@@ -95,12 +95,12 @@ def test_audit_lines_carry_hashes_not_prompts(audited) -> None:
     assert len(errors) == 1 and errors[0]["route"] == "/openai/v1/completions"
 
 
-def test_service_debug_log_has_no_prompt_text(audited) -> None:
+def test_service_debug_log_has_no_prompt_text(logged) -> None:
     """At debug level the service log must not carry prompts. Known exception (reported, owned by
     cache/verify.py and transformers_svc/front.py): the verifier's decision `detail`, which names the
     content words that differ between the prompt and a cached look-alike. This test fails on any
     other line that carries prompt words."""
-    t, _, service_log = audited
+    t, _, service_log = logged
     word = f"okapi{uuid.uuid4().hex[:6]}"
     start = service_log.stat().st_size
     _traffic(t, word)
@@ -123,19 +123,19 @@ def test_service_debug_log_has_no_prompt_text(audited) -> None:
 
 
 @pytest.fixture(scope="module")
-def audited_full(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("audit-full")
-    t = start_transformer("audit-full", predictor.grpc, redis_url,
-                          "--audit-log", str(d / "audit.jsonl"), "--audit-full")
-    yield t, d / "audit.jsonl"
+def logged_with_text(predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("request-log-text")
+    t = start_transformer("request-log-text", predictor.grpc, redis_url,
+                          "--request-log", str(d / "requests.jsonl"), "--record-prompt-text")
+    yield t, d / "requests.jsonl"
     t.process.stop()
 
 
-def test_audit_full_has_requests_and_answers(audited_full) -> None:
-    t, audit_path = audited_full
+def test_prompt_text_has_requests_and_answers(logged_with_text) -> None:
+    t, log_path = logged_with_text
     word = f"gecko{uuid.uuid4().hex[:6]}"
     prompts = _traffic(t, word)
-    entries = _lines(audit_path)
+    entries = _lines(log_path)
     v2_line = next(e for e in entries if e["protocol"] == "v2-rest" and e["prompt_sha256"] == [
         prompt_hash(prompts[0])])
     assert v2_line["request"]["prompts"] == [prompts[0]]

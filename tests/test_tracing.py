@@ -187,7 +187,7 @@ def test_v2_miss_then_hit_span_trees(traced: Transformer, predictor: Predictor, 
     assert verify["semserve.cache.decision"] in ("none", "rejected")
     hmget = by_name(spans, "HMGET")
     assert hmget["kind"] == "CLIENT" and hmget["attributes"]["db.system.name"] == "redis"
-    # No prompt text on any span (audit-full mode is off).
+    # No prompt text on any span (--record-prompt-text is off).
     assert not any(prompt in json.dumps(s["attributes"]) for s in spans)
 
     # The client's trace id is in both services' structured logs.

@@ -52,13 +52,15 @@ class TransformerSettings(ServerSettings):
         "the predictor reports as another revision's are served but not stored.",
     )
     workers: int = setting(1, "Accepted for KServe's --workers; this server runs one process.")
-    audit_log: Path | None = setting(
+    request_log: Path | None = setting(
         None,
-        "Audit log file (JSON lines: time, request id, tenant, route, cache status, latency, prompt "
-        "sha256); empty: no audit log.",
+        "Request log file (JSON lines: time, request id, tenant, route, cache status, latency, "
+        "prompt sha256); empty: no request log.",
     )
-    audit_full: bool = setting(
-        False, "Also write each request's prompts and parameters and the answers' text to the audit log."
+    record_prompt_text: bool = setting(
+        False,
+        "Let prompt and answer text into telemetry: the request log (prompts, parameters, answers), "
+        "the verifier's decision log line and the cache lookup span. Off: only hashes leave the process.",
     )
-    audit_max_bytes: int = setting(100 * 1024 * 1024, "Audit log size at which it is rotated.")
-    audit_backups: int = setting(5, "Rotated audit log files kept (PATH.1 ... PATH.N).")
+    request_log_max_bytes: int = setting(100 * 1024 * 1024, "Request log size at which it is rotated.")
+    request_log_backups: int = setting(5, "Rotated request log files kept (PATH.1 ... PATH.N).")

@@ -121,8 +121,8 @@ class CacheFront:
                 rule=res.verdict.rule,
                 score=round(res.verdict.score, 4),
                 similarity=None if res.similarity is None else round(res.similarity, 4),
-                # The verdict's detail quotes prompt words; only the audit-full mode may keep them.
-                detail=res.verdict.detail if self.settings.audit_full else None,
+                # The verdict's detail quotes prompt words; only --record-prompt-text may keep them.
+                detail=res.verdict.detail if self.settings.record_prompt_text else None,
             )
         return res
 

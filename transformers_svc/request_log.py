@@ -1,12 +1,12 @@
 """Opt-in request log of the transformer: one JSON object per line per request, in its own rotating
-file (`--audit-log PATH`), never on stderr with the service logs.
+file (`--request-log PATH`), never on stderr with the service logs.
 
 Each line: ts, request_id, tenant, route, protocol, status (HTTP-like code), cache (one status per
 prompt), latency_ms, prompt_sha256 (one per prompt). Prompts are hashed, not written: the hash lets
 an auditor match a request to a prompt they already have (or to other requests with the same one)
 without the log becoming a copy of every tenant's data. Short, guessable prompts can be recovered
 from a plain hash by trying candidates; that is accepted for an audit trail, and whoever needs
-more uses `--audit-full`, which adds the request's prompts and sampling and the answers' text.
+more uses `--record-prompt-text`, which adds the request's prompts and sampling and the answers' text.
 
 It listens to the request path: the v2 model and the OpenAI backend hand it a RequestRecord
 (transformers_svc/request_context.py) as each request ends (a stream: when it ends, with the
@@ -62,8 +62,9 @@ class RequestLog:
 
     @classmethod
     def from_settings(cls, settings: TransformerSettings) -> RequestLog:
-        return cls(settings.audit_log, full=settings.audit_full, max_bytes=settings.audit_max_bytes,
-                   backups=settings.audit_backups, default_tenant=settings.tenant)
+        return cls(settings.request_log, full=settings.record_prompt_text,
+                   max_bytes=settings.request_log_max_bytes, backups=settings.request_log_backups,
+                   default_tenant=settings.tenant)
 
     @property
     def enabled(self) -> bool:

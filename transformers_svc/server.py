@@ -48,8 +48,8 @@ def run(
         settings,
         lambda: assemble(settings, cache_settings, embed_settings, verify_settings),
         trace_settings,
-        # The transformer's audit-full mode (--audit-full) is also what lets prompt text onto spans.
-        prompt_text_on_spans=settings.audit_full,
+        # --record-prompt-text is also what lets prompt text onto spans.
+        prompt_text_on_spans=settings.record_prompt_text,
     )
 
 
@@ -75,7 +75,7 @@ def assemble(
     if request_log.enabled:
         # Both request paths hand it each request's outcome (transformers_svc/request_log.py).
         model.on_outcome = openai.on_outcome = request_log.on_outcome
-        log.info("request_log", path=str(settings.audit_log), full=settings.audit_full)
+        log.info("request_log", path=str(settings.request_log), prompt_text=settings.record_prompt_text)
     return Service(
         model=model,
         openai=openai,

@@ -48,7 +48,7 @@ def _start_logging_and_tracing(
     log = logs.get_logger(f"semserve.{name}")
     log.info(f"{name}_settings", **{k: str(v) for k, v in settings.public_dict().items()})
     trace_settings = trace_settings or tracing.TracingSettings.from_env()
-    if tracing.setup(trace_settings, name, audit_full=prompt_text_on_spans):
+    if tracing.setup(trace_settings, name, prompt_text=prompt_text_on_spans):
         log.info("tracing", **trace_settings.public_dict())
 
 
