@@ -482,10 +482,12 @@ class SemanticCache:
         vector: np.ndarray | None = None,
         should_store: Callable[[T], bool] | None = None,
         store: bool = True,
+        replicas: bool = True,
     ) -> T:
         """Call `produce` once for all concurrent identical requests; the leader stores its answer
         (if `store` and `should_store(answer)`) before the flight closes, so requests arriving in
-        between still share it."""
+        between still share it. `replicas`: share with other replicas through the lease too (off for
+        a request that may not be served from the cache: a peer's answer is a cached one)."""
         req = self._scoped(req)
         if self._skip(req):
             return await produce()
@@ -514,7 +516,7 @@ class SemanticCache:
         # Nobody may be waiting: do not let asyncio log "exception never retrieved".
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._flights[key] = fut
-        claim = await self.claim_replicas(req) if store else Claim("alone")
+        claim = await self.claim_replicas(req) if store and replicas else Claim("alone")
         try:
             try:
                 shared = await self.peer_answer(req) if claim.role == "answered" else None

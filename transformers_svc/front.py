@@ -145,6 +145,7 @@ class CacheFront:
             vector=res.vector if res is not None else None,
             should_store=self.storable,
             store=mode.store,
+            replicas=mode.lookup,
         )
         status = "miss" if res is not None else "bypass"
         return Outcome(answer, status, res.similarity if res is not None else None)
@@ -195,7 +196,8 @@ class CacheFront:
         the cache's lease: another replica's stored answer comes as one piece; else the
         predictor's stream (the lease is released by `on_complete` once stored, or here if cut)."""
         assert self.cache is not None
-        claim = await self.cache.claim_replicas(req) if mode.store else Claim("alone")
+        # A peer's answer is a cached one: only for requests that may be served from the cache.
+        claim = await self.cache.claim_replicas(req) if mode.store and mode.lookup else Claim("alone")
         claims.append(claim)
         if claim.role == "answered":
             shared = await self.cache.peer_answer(req)
