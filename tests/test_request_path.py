@@ -17,9 +17,10 @@ from semserve.sampling import SamplingOptions
 from semserve.serving import InvalidInput400
 from semserve.text_model import request_id
 from transformers_svc.auth import tenant_var
+from transformers_svc.cache_front import CacheFront, answer_of, hit_answer
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import CacheFront, answer_of, hit_answer
 from transformers_svc.openai_backend import ChatFormatter, CompletionFormatter
+from transformers_svc.predictor_client import Piece
 from transformers_svc.request_context import (
     RequestContext,
     RequestRecord,
@@ -28,7 +29,6 @@ from transformers_svc.request_context import (
     v2_context,
 )
 from transformers_svc.request_log import RequestLog, prompt_hash
-from transformers_svc.upstream import Piece
 
 
 def _infer(prompts: list[str], rid: str | None = None) -> InferRequest:

@@ -11,10 +11,10 @@ from cache.policy import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 from tests.support import free_port
+from transformers_svc.cache_front import CacheFront
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import CacheFront
 from transformers_svc.model import SemanticCacheTransformer
-from transformers_svc.upstream import PredictorClient
+from transformers_svc.predictor_client import PredictorClient
 
 
 def transformer(cache: SemanticCache | None) -> SemanticCacheTransformer:

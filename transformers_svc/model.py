@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +29,18 @@ from semserve.serving import InvalidInput400, Unavailable503
 from semserve.streams import merge_streams
 from semserve.text_model import TextModel
 from transformers_svc import metrics
+from transformers_svc.cache_front import (
+    NO_CACHE,
+    SERVED,
+    CacheFront,
+    CacheMode,
+    Outcome,
+    answer_of,
+    hit_answer,
+    replay,
+)
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import NO_CACHE, CacheFront, CacheMode, Outcome, answer_of, hit_answer
+from transformers_svc.predictor_client import Piece, PredictorClient, Prompt
 from transformers_svc.request_context import (
     Listener,
     RequestContext,
@@ -41,27 +50,8 @@ from transformers_svc.request_context import (
     status_of,
     v2_context,
 )
-from transformers_svc.upstream import Piece, PredictorClient, Prompt
 
 CACHE_STATUS = "cache_status"
-# Replayed hits arrive as word-sized pieces, like a generation would.
-_PIECES = re.compile(r"\S+\s*|\s+")
-
-
-def replay(answer: Answer) -> list[Piece]:
-    """A cached answer as the pieces of a generation; the last carries the finish reason and counts."""
-    texts = _PIECES.findall(answer.text) or [""]
-    last = len(texts) - 1
-    return [
-        Piece(
-            text=t,
-            finish_reason=answer.finish_reason if i == last else None,
-            completion_tokens=answer.completion_tokens if i == last else 0,
-            prompt_tokens=answer.prompt_tokens,
-            model_revision=answer.model_revision,
-        )
-        for i, t in enumerate(texts)
-    ]
 
 
 @dataclass(frozen=True)
@@ -259,9 +249,6 @@ def _wire_number(ctx: RequestContext, value: Any) -> Any:
     # Over gRPC the number travels as a string, as it always has (KServe's proto had no double), so
     # that clients of either server read it the same way.
     return str(value) if ctx.protocol == "v2-grpc" else value
-
-
-SERVED = ("exact", "semantic")
 
 
 def similarity_parameters(outcomes: list[tuple[str, float | None]]) -> dict[str, list[float | None]]:

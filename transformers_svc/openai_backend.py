@@ -25,9 +25,18 @@ from semserve import openai_protocol as oa
 from semserve import openai_routes, tracing
 from semserve.errors import BadRequest, NotFound
 from transformers_svc import metrics
+from transformers_svc.cache_front import (
+    NO_CACHE,
+    SERVED,
+    CacheFront,
+    CacheMode,
+    Outcome,
+    answer_of,
+    hit_answer,
+    replay,
+)
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import NO_CACHE, CacheFront, CacheMode, Outcome, answer_of, hit_answer
-from transformers_svc.model import SERVED, replay
+from transformers_svc.predictor_client import Piece, PredictorClient, Prompt
 from transformers_svc.request_context import (
     Listener,
     RequestContext,
@@ -37,7 +46,6 @@ from transformers_svc.request_context import (
     openai_context,
     status_of,
 )
-from transformers_svc.upstream import Piece, PredictorClient, Prompt
 
 # The routes as the request log names them.
 CHAT_ROUTE = "/openai/v1/chat/completions"

@@ -15,13 +15,13 @@ from semserve.serving.service import Service, run_service
 from transformers_svc import metrics
 from transformers_svc.admin import register_admin_routes
 from transformers_svc.auth import Authenticator
+from transformers_svc.cache_front import CacheFront
 from transformers_svc.config import TransformerSettings
-from transformers_svc.front import CacheFront
 from transformers_svc.guards import GrpcAuth, HttpAuth
 from transformers_svc.model import SemanticCacheTransformer
 from transformers_svc.openai_backend import TransformerOpenAI
+from transformers_svc.predictor_client import PredictorClient
 from transformers_svc.request_log import RequestLog
-from transformers_svc.upstream import PredictorClient
 
 log = logs.get_logger("semserve.transformer")
 

@@ -72,7 +72,7 @@ def chat(prompt: str, tenant: str = "acme", model: str = "smollm2", **kw: Any) -
 async def serve(
     cache: SemanticCache, req: CacheRequest, produce: Callable[[], Awaitable[Any]]
 ) -> tuple[LookupResult, Any]:
-    """What the transformer does with a request (transformers_svc/front.py): lookup, and on anything
+    """What the transformer does with a request (transformers_svc/cache_front.py): lookup, and on anything
     but a hit one shared generation (run_once), stored by its leader."""
     res = await cache.lookup(req)
     if res.hit:

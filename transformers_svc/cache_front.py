@@ -13,6 +13,7 @@ any answer when the transformer has no revision of its own.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +25,9 @@ from cache.policy import LookupResult, SemanticCache
 from semserve.logs import get_logger
 from transformers_svc import metrics
 from transformers_svc.config import TransformerSettings
+from transformers_svc.predictor_client import Piece
 from transformers_svc.request_context import RequestContext
 from transformers_svc.shared_streams import SharedStreams
-from transformers_svc.upstream import Piece
 
 log = get_logger("semserve.transformer.cache")
 
@@ -49,6 +50,27 @@ class Outcome:
     answer: Answer
     status: str  # exact | semantic | miss | bypass
     similarity: float | None
+
+
+SERVED = ("exact", "semantic")  # the cache statuses of an answer served from the cache
+# Replayed hits arrive as word-sized pieces, like a generation would.
+_PIECES = re.compile(r"\S+\s*|\s+")
+
+
+def replay(answer: Answer) -> list[Piece]:
+    """A cached answer as the pieces of a generation; the last carries the finish reason and counts."""
+    texts = _PIECES.findall(answer.text) or [""]
+    last = len(texts) - 1
+    return [
+        Piece(
+            text=t,
+            finish_reason=answer.finish_reason if i == last else None,
+            completion_tokens=answer.completion_tokens if i == last else 0,
+            prompt_tokens=answer.prompt_tokens,
+            model_revision=answer.model_revision,
+        )
+        for i, t in enumerate(texts)
+    ]
 
 
 def answer_of(pieces: list[Piece]) -> Answer:
