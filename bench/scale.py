@@ -5,7 +5,7 @@ For each N in --entries, on a fresh local Redis with RediSearch (free port):
 1. fill: N synthetic entries spread over T tenants, written with pipelines in the stored format of
    cache.store (hash fields of cache.schema, tenant sorted set, tenants hash, TTL), random unit
    vectors, no model calls. All share one model and fingerprint (the one a v2 request of the
-   server part makes), so the KNN filter of a tenant selects its N/T entries.
+   server part makes), so a tenant's scope tag (the KNN filter) selects its N/T entries.
 2. index: FT.CREATE (cache.schema) after the writes, timed until FT.INFO says indexing is done:
    the build time of a restarted or rebuilt index. Redis used_memory before and after gives
    bytes per entry (data, and data + index).
@@ -124,6 +124,7 @@ def fill(client: object, schema: object, n: int, tenants: int, vectors: np.ndarr
     fp = keys.fingerprint(template, schema.version)  # type: ignore[attr-defined, arg-type]
     m_tag = keys.model_tag(template.model)  # type: ignore[attr-defined]
     t_tags = [keys.tenant_tag(t) for t in names]
+    scopes = [keys.scope_tag_from_fingerprint(t, fp) for t in names]
     answer = ANSWER
     now = time.time()
     pipe = client.pipeline(transaction=False)  # type: ignore[attr-defined]
@@ -131,8 +132,8 @@ def fill(client: object, schema: object, n: int, tenants: int, vectors: np.ndarr
     for i in range(n):
         t = i % tenants
         prompt = synthetic_prompt(i)
-        put(pipe, schema, Entry(names[t], t_tags[t], m_tag, fp, _exact_id(names[t], fp, prompt), prompt,
-                                vectors[i]), answer, now)
+        put(pipe, schema, Entry(names[t], t_tags[t], m_tag, scopes[t], _exact_id(names[t], fp, prompt),
+                                prompt, vectors[i]), answer, now)
         if (i + 1) % PIPELINE_BATCH == 0:
             pipe.execute()
     pipe.execute()
@@ -143,7 +144,7 @@ class Entry:
     tenant: str
     tenant_tag: str
     model_tag: str
-    fingerprint: str
+    scope_tag: str  # cache.keys.scope_tag: the KNN's filter
     entry_id: str
     prompt: str
     vector: np.ndarray
@@ -156,7 +157,7 @@ def put(pipe: object, schema: object, e: Entry, answer: str, now: float) -> None
     key = schema.entry_key(e.entry_id)  # type: ignore[attr-defined]
     pipe.hset(key, mapping={  # type: ignore[attr-defined]
         s.F_VECTOR: e.vector.astype(np.float32).tobytes(), s.F_TENANT: e.tenant_tag, s.F_MODEL: e.model_tag,
-        s.F_FINGERPRINT: e.fingerprint, s.F_KIND: "completion", s.F_CREATED_AT: now,
+        s.F_SCOPE: e.scope_tag, s.F_KIND: "completion", s.F_CREATED_AT: now,
         s.F_ANSWER: answer, s.F_PROMPT: e.prompt, s.F_TENANT_NAME: e.tenant, s.F_MODEL_NAME: "llm",
     })
     pipe.pexpire(key, TTL_S * 1000)  # type: ignore[attr-defined]
@@ -305,14 +306,15 @@ def seed_server_entries(redis_url: str, schema: object, fp: str) -> tuple[list[s
     vectors = embedder.embed_many(list(SERVER_PROMPTS))
     exact = [f"{p} (exact {j})" for j, p in enumerate(SERVER_PROMPTS)]
     t_tag, m_tag = keys.tenant_tag(SERVER_TENANT), keys.model_tag("llm")
+    scope = keys.scope_tag_from_fingerprint(SERVER_TENANT, fp)
     client = redis.Redis.from_url(redis_url)
     pipe = client.pipeline(transaction=False)
     now = time.time()
     for p, v, e in zip(SERVER_PROMPTS, vectors, exact, strict=True):
-        put(pipe, schema, Entry(SERVER_TENANT, t_tag, m_tag, fp, _exact_id(SERVER_TENANT, fp, e), e,
+        put(pipe, schema, Entry(SERVER_TENANT, t_tag, m_tag, scope, _exact_id(SERVER_TENANT, fp, e), e,
                                 np.asarray(v)), ANSWER, now)
         other = _exact_id(SERVER_TENANT, fp, f"{p} stored under another key")
-        put(pipe, schema, Entry(SERVER_TENANT, t_tag, m_tag, fp, other, p, np.asarray(v)), ANSWER, now)
+        put(pipe, schema, Entry(SERVER_TENANT, t_tag, m_tag, scope, other, p, np.asarray(v)), ANSWER, now)
     pipe.execute()
     client.close()
     return exact, list(SERVER_PROMPTS)

@@ -9,9 +9,14 @@ A request splits into two parts:
 `exact_key` hashes tenant + fingerprint + the normalized last message: an exact repeat is one
 lookup, no embedding.
 
-Tenant, model and fingerprint reach Redis only as sha256 hex digests (`tag_value`): [0-9a-f] needs
-no escaping in a TAG query, so no tenant string can inject query syntax or match another tenant's
-tag, and distinct strings collide only if sha256 does.
+Tenant, model and scope reach Redis only as sha256 hex digests (`tag_value`, `scope_tag`): [0-9a-f]
+needs no escaping in a TAG query, so no tenant string can inject query syntax or match another
+tenant's tag, and distinct strings collide only if sha256 does.
+
+`scope_tag` is the one TAG a KNN filters on: tenant + fingerprint (so model, revision, kind,
+context, sampling, epoch and schema version). One selective tag lets RediSearch pre-filter to the
+scope's own entries; the earlier three-tag filter intersected the model and fingerprint tags, which
+list every entry of a deployment, and cost more than the vector work at 1M entries.
 
 Stream vs non-stream is deliberately not part of the key: the services store one format-neutral
 answer and render it either way. A service whose stored answer depends on it must put it in
@@ -196,6 +201,18 @@ def fingerprint(req: CacheRequest, schema_version: int = SCHEMA_VERSION) -> str:
         # Only when set, so epoch 0 keeps the keys entries were written under before epochs existed.
         payload["epoch"] = int(req.epoch)
     return _sha256("semserve-fingerprint", canonical_json(payload))
+
+
+def scope_tag_from_fingerprint(tenant: str, request_fingerprint: str) -> str:
+    """The scope TAG of `tenant`'s requests with this fingerprint: 64 hex chars, safe in any query.
+    For callers that compute the fingerprint once for many entries (bench/scale.py)."""
+    return _sha256("semserve-scope", canonical_json([tenant, request_fingerprint]))
+
+
+def scope_tag(req: CacheRequest, schema_version: int = SCHEMA_VERSION) -> str:
+    """The TAG a KNN filters on: only entries of the same tenant and fingerprint share it, so a
+    paraphrase is compared only within one tenant's identical context."""
+    return scope_tag_from_fingerprint(req.tenant, fingerprint(req, schema_version))
 
 
 def exact_key(req: CacheRequest, schema_version: int = SCHEMA_VERSION) -> str:

@@ -39,11 +39,11 @@ from cache.keys import CacheRequest
 from cache.schema import (
     F_ANSWER,
     F_CREATED_AT,
-    F_FINGERPRINT,
     F_KIND,
     F_MODEL,
     F_MODEL_NAME,
     F_PROMPT,
+    F_SCOPE,
     F_TENANT,
     F_TENANT_NAME,
     F_VECTOR,
@@ -269,14 +269,10 @@ class RedisCacheStore:
         )
 
     def _filter(self, req: CacheRequest) -> str:
-        # All values are hex digests: nothing in them needs escaping in a TAG query.
-        return str(
-            intersect(**{
-                F_TENANT: tags(keys.tenant_tag(req.tenant)),
-                F_MODEL: tags(keys.model_tag(req.model)),
-                F_FINGERPRINT: tags(keys.fingerprint(req, self.schema.version)),
-            })
-        )
+        # One selective tag: intersecting tags that match the whole deployment (model, fingerprint)
+        # cost more than the vector work at 1M entries (bench/RESULTS.md "Cache at scale"). A hex
+        # digest: nothing in it needs escaping in a TAG query.
+        return str(intersect(**{F_SCOPE: tags(keys.scope_tag(req, self.schema.version))}))
 
     def _vector_bytes(self, vector: np.ndarray) -> bytes:
         v = np.asarray(vector, dtype=np.float32).reshape(-1)
@@ -285,7 +281,7 @@ class RedisCacheStore:
         return v.tobytes()
 
     async def search(self, req: CacheRequest, vector: np.ndarray, k: int = 5) -> list[Candidate]:
-        """The k nearest entries with the same tenant, model and fingerprint, most similar first.
+        """The k nearest entries of the same scope (tenant + fingerprint), most similar first.
 
         Returns only what the decision uses: the prompt and distance for the verifier, the answer
         to serve an accepted candidate without a second round trip."""
@@ -334,7 +330,7 @@ class RedisCacheStore:
             F_VECTOR, self._vector_bytes(vector),
             F_TENANT, t_tag,
             F_MODEL, keys.model_tag(req.model),
-            F_FINGERPRINT, keys.fingerprint(req, self.schema.version),
+            F_SCOPE, keys.scope_tag(req, self.schema.version),
             F_KIND, req.kind,
             F_ANSWER, _b(dumps(answer)),
             F_PROMPT, _b(prompt),

@@ -26,13 +26,13 @@ from transformers_svc.auth import hash_key
 
 KEY = "key-tracing"
 AUTH = {"authorization": f"Bearer {KEY}"}
-NAME = "tracing"  # the transformer's deployment: its index is semserve:v1:tracing
+NAME = "tracing"  # the transformer's deployment: its index is semserve:v2:tracing
 INFER_ROUTE = "POST /v2/models/{model_name}/infer"
 MODEL_INFER = "inference.GRPCInferenceService/ModelInfer"
 LOOKUP_MISS = [
     ("HMGET", []),
     ("semserve.cache.embed", []),
-    (f"FT.SEARCH semserve:v1:{NAME}", []),
+    (f"FT.SEARCH semserve:v2:{NAME}", []),
     ("semserve.cache.verify", []),
 ]
 GENERATION = ("text_completion llm", [("vllm.queue", []), ("vllm.prefill", []), ("vllm.decode", [])])

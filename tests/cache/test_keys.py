@@ -8,7 +8,7 @@ import pytest
 
 from cache import keys
 from cache.keys import CacheRequest, SamplingParams
-from cache.schema import IndexSchema
+from cache.schema import SCHEMA_VERSION, IndexSchema
 
 from .conftest import chat
 
@@ -78,7 +78,7 @@ def test_fingerprint_canonical_forms() -> None:
     )
     assert keys.fingerprint(chat("q", sampling=SamplingParams(stop=[]))) == keys.fingerprint(chat("q"))
     # A different schema version never shares a fingerprint.
-    assert keys.fingerprint(a, schema_version=2) != keys.fingerprint(a)
+    assert keys.fingerprint(a, schema_version=SCHEMA_VERSION + 1) != keys.fingerprint(a)
 
 
 def test_invalid_requests_are_rejected() -> None:
@@ -119,3 +119,41 @@ def test_sampling_from_mapping() -> None:
     b = SamplingParams.from_mapping({**opts, "repetition_penalty": 1.2})
     assert b.extra == {"repetition_penalty": 1.2}
     assert keys.fingerprint(chat("q", sampling=a)) != keys.fingerprint(chat("q", sampling=b))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tenant": "other"},
+        {"model": "other"},
+        {"model_revision": "r2"},
+        {"kind": "completion"},
+        {"context": {"system": "be brief"}},
+        {"sampling": SamplingParams(temperature=0.5)},
+        {"epoch": 1},
+    ],
+)
+def test_scope_tag_changes_with_tenant_and_everything_in_the_fingerprint(change: dict) -> None:
+    base = chat("q", model_revision="r1")
+    fields = {"tenant": base.tenant, "model": base.model, "kind": base.kind, "prompt": base.prompt,
+              "model_revision": base.model_revision} | change  # fmt: skip
+    assert keys.scope_tag(CacheRequest(**fields)) != keys.scope_tag(base)
+
+
+def test_scope_tag_ignores_the_prompt_and_follows_the_schema_version() -> None:
+    assert keys.scope_tag(chat("a")) == keys.scope_tag(chat("something else entirely"))
+    assert keys.scope_tag(chat("a"), schema_version=99) != keys.scope_tag(chat("a"))
+    req = chat("a", model="m2")
+    assert keys.scope_tag(req) == keys.scope_tag_from_fingerprint(req.tenant, keys.fingerprint(req))
+
+
+def test_hostile_scope_tags_are_plain_hex_distinct_and_in_their_own_domain() -> None:
+    scopes = [keys.scope_tag(chat("q", tenant=t, model=t)) for t in HOSTILE]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", s) for s in scopes)
+    assert len(set(scopes)) == len(HOSTILE)
+    # A scope digest never equals the tenant tag, model tag or fingerprint it is built from.
+    req = chat("q")
+    assert keys.scope_tag(req) not in {keys.tenant_tag(req.tenant), keys.model_tag(req.model),
+                                       keys.fingerprint(req)}  # fmt: skip
+    # The tenant and fingerprint are JSON-framed: moving characters between them changes the digest.
+    assert keys.scope_tag_from_fingerprint("ab", "c") != keys.scope_tag_from_fingerprint("a", "bc")

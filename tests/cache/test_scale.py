@@ -19,6 +19,16 @@ def test_synthetic_entry_ids_are_the_real_exact_keys() -> None:
     assert _exact_id("tenant-3", _fp(IndexSchema("bench_scale")), req.prompt) == keys.exact_key(req)
 
 
+def test_synthetic_entries_carry_the_real_scope_tag() -> None:
+    from bench.scale import _fp, server_request
+    from cache import keys
+    from cache.schema import IndexSchema
+
+    req = server_request("synthetic prompt number 7", "tenant-3")
+    fp = _fp(IndexSchema("bench_scale"))
+    assert keys.scope_tag_from_fingerprint("tenant-3", fp) == keys.scope_tag(req)
+
+
 def test_bench_scale_end_to_end(tmp_path: Path) -> None:
     out, png = tmp_path / "RESULTS.md", tmp_path / "scale.png"
     r = subprocess.run(

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from cache import keys
+from cache.schema import F_SCOPE, SCHEMA_VERSION
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 
@@ -60,6 +61,38 @@ async def test_tenant_and_fingerprint_filter_the_search(store: RedisCacheStore) 
     assert await store.search(chat(p, model="other"), v) == []
     assert await store.search(chat(p, context={"system": "be brief"}), v) == []
     assert await store.search(chat(p, kind="completion"), v) == []
+
+
+async def test_knn_filters_on_one_scope_tag(store: RedisCacheStore, clean_redis: redis.Redis) -> None:
+    req = chat("What is the capital of France?", model_revision="r1", epoch=3)
+    entry_id = await put(store, req.prompt, model_revision="r1", epoch=3)
+    stored = clean_redis.hget(store.schema.entry_key(entry_id), F_SCOPE)
+    assert stored == keys.scope_tag(req).encode()
+    # The pre-filter is a single tag: no intersection with tags that match the whole deployment.
+    assert store._filter(req) == f"@{F_SCOPE}:{{{keys.scope_tag(req)}}}"
+
+
+async def test_knn_never_returns_another_scopes_entry(store: RedisCacheStore) -> None:
+    """Entries with the very same prompt and vector in many scopes: each KNN sees only its own."""
+    p = "What is the capital of France?"
+    v = await emb.embed(p)
+    scopes = [
+        {}, {"tenant": "other"}, {"model": "m2"}, {"model_revision": "r2"}, {"kind": "completion"},
+        {"context": {"system": "be brief"}}, {"sampling": keys.SamplingParams(temperature=0.5)},
+        {"epoch": 1}, {"tenant": "other", "model": "m2", "epoch": 1},
+    ]  # fmt: skip
+    for i, scope in enumerate(scopes):
+        await put(store, p, f"scope {i}", **scope)
+    for i, scope in enumerate(scopes):
+        found = await store.search(chat(p, **scope), v, k=len(scopes))
+        assert [c.answer["text"] for c in found] == [f"scope {i}"], scope
+    assert await store.search(chat(p, tenant="nobody"), v, k=len(scopes)) == []
+    # Per-tenant admin operations still go by the tenant tag, across the tenant's scopes.
+    assert (await store.stats())["tenants"] == {"acme": 7, "other": 2}
+    assert len(await store.inspect("other")) == 2
+    assert await store.flush("other", model="m2") == 1
+    assert await store.flush("other") == 1
+    assert (await store.stats())["tenants"] == {"acme": 7}
 
 
 async def test_ttl_expiry_is_fixed(store: RedisCacheStore) -> None:
@@ -139,7 +172,7 @@ async def test_schema_version_bump_does_not_read_old_entries(
 ) -> None:
     p = "What is the capital of France?"
     await put(store, p, "old")
-    v2 = RedisCacheStore.from_settings(cache_settings, schema_version=2, client=store.client)
+    v2 = RedisCacheStore.from_settings(cache_settings, schema_version=SCHEMA_VERSION + 1, client=store.client)
     assert await v2.ensure_index() is True
     assert v2.schema.index_name != store.schema.index_name
     assert await v2.get_exact(chat(p)) is None
