@@ -50,6 +50,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from cache import keys
 from cache.answer import Payload
+from cache.epoch import SharedEpoch
 from cache.interfaces import Embedder, Verdict, Verifier
 from cache.keys import CacheRequest
 from cache.lease import Claim, ReplicaFlights
@@ -146,6 +147,12 @@ class SemanticCache:
                            op_timeout_s=settings.store_timeout_ms / 1000.0)
             if settings.singleflight_replicas and client is not None else None
         )  # fmt: skip
+        # The epoch shared by the replicas (cache/epoch.py); without Redis, the setting alone.
+        self.epochs = (
+            SharedEpoch(client, store.schema.index_name, floor=settings.epoch,
+                        refresh_s=settings.epoch_refresh_s, op_timeout_s=settings.store_timeout_ms / 1000.0)
+            if client is not None else None
+        )  # fmt: skip
 
     def _redis_span(self, operation: str, target: str | None = None) -> Any:
         name = f"{operation} {target}" if target else operation
@@ -220,16 +227,27 @@ class SemanticCache:
         """Best effort at startup: the service starts even if Redis is not there yet."""
         if self.settings.enabled:
             await self.ensure_index()
+            if self.epochs is not None:
+                self.epochs.start()
 
     async def close(self) -> None:
+        if self.epochs is not None:
+            await self.epochs.close()
         await self._entries.close()
 
     # -- lookup ------------------------------------------------------------------------------------
 
     def _scoped(self, req: CacheRequest) -> CacheRequest:
         """The request in this cache's epoch: the cache owns it, so no caller can read across it."""
-        epoch = self.settings.epoch
+        epoch = self.epochs.current(req.model) if self.epochs is not None else self.settings.epoch
         return req if req.epoch == epoch else dataclasses.replace(req, epoch=epoch)
+
+    async def _sync_epoch(self, req: CacheRequest) -> None:
+        """The first request for a model reads its shared epoch (once per process; afterwards the
+        epoch is refreshed in the background). Skipped while Redis is known down: the setting."""
+        if self.epochs is None or self.epochs.knows(req.model) or self.counters.degraded or self._skip(req):
+            return
+        await self.epochs.ensure(req.model, self.settings.lookup_timeout_ms / 1000.0)
 
     def _skip(self, req: CacheRequest) -> bool:
         return not self.settings.enabled or req.bypass or not keys.normalize_text(req.prompt)
@@ -248,6 +266,7 @@ class SemanticCache:
         return res
 
     async def lookup(self, req: CacheRequest) -> LookupResult:
+        await self._sync_epoch(req)
         req = self._scoped(req)
         with tracing.span("semserve.cache.lookup", semserve__cache__kind=req.kind) as span:
             res = await self._traced_lookup(req)
@@ -410,6 +429,7 @@ class SemanticCache:
         self, req: CacheRequest, answer: Payload, vector: np.ndarray | None = None
     ) -> bool:
         """Write the answer for `req`. Returns False (and never raises) when it could not."""
+        await self._sync_epoch(req)
         req = self._scoped(req)
         if self._skip(req):
             return False
@@ -488,6 +508,7 @@ class SemanticCache:
         (if `store` and `should_store(answer)`) before the flight closes, so requests arriving in
         between still share it. `replicas`: share with other replicas through the lease too (off for
         a request that may not be served from the cache: a peer's answer is a cached one)."""
+        await self._sync_epoch(req)
         req = self._scoped(req)
         if self._skip(req):
             return await produce()

@@ -69,7 +69,14 @@ class CacheSettings(Settings):
         0,
         "Cache epoch, part of every key: bumping it makes all older entries unreadable at once "
         "(they expire by TTL). `semserve tenant promote` bumps it, so the old model's answers are "
-        "not served after a promotion.",
+        "not served after a promotion. Replicas on one Redis share the epoch of each model: the "
+        "effective one is the highest of this setting and the shared value, and `POST "
+        "/admin/cache/epoch?model=M` bumps it for all.",
+    )
+    epoch_refresh_s: float = setting(
+        1.0,
+        "How often the shared cache epoch is re-read from Redis; a bump is also announced at once "
+        "(pub/sub), so this bounds how long a replica that missed the announcement lags.",
     )
     degrade_after_timeouts: int = setting(
         3,

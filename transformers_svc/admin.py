@@ -35,7 +35,19 @@ def register_admin_routes(app: FastAPI, cache: SemanticCache | None, auth: Authe
         async def op() -> Any:
             assert cache is not None
             result = await cache.entries.stats(request.query_params.get("tenant") or None)
-            return {**result, "counters": _counters(cache)}
+            return {**result, "counters": _counters(cache), "epoch": _epochs(cache)}
+
+        return await guarded(request, op)
+
+    async def bump_epoch(request: Request) -> JSONResponse:
+        async def op() -> Any:
+            assert cache is not None
+            model = request.query_params.get("model", "")
+            if not model:
+                raise BadRequest("query parameter 'model' is required", "model")
+            if cache.epochs is None:
+                raise Unavailable("the cache has no shared epoch (no Redis client)")
+            return {"model": model, "epoch": await cache.epochs.bump(model)}
 
         return await guarded(request, op)
 
@@ -88,6 +100,12 @@ def register_admin_routes(app: FastAPI, cache: SemanticCache | None, auth: Authe
         ),
     )
     app.add_api_route(
+        "/admin/cache/epoch", bump_epoch, methods=["POST"], tags=["admin"],
+        openapi_extra=_query(
+            ("model", "the model whose cache epoch goes up by one on every replica", True, _STR),
+        ),
+    )
+    app.add_api_route(
         "/admin/cache/inspect", inspect, methods=["GET"], tags=["admin"],
         openapi_extra=_query(
             ("tenant", "the tenant whose newest entries are listed", True, _STR),
@@ -109,6 +127,16 @@ def _query(*params: tuple[str, str, bool, dict[str, Any]]) -> dict[str, Any]:
             {"name": name, "in": "query", "description": doc, "required": required, "schema": schema}
             for name, doc, required, schema in params
         ]
+    }
+
+
+def _epochs(cache: SemanticCache) -> dict[str, Any]:
+    """The epochs this replica uses now: the setting, and per model the effective (shared) one."""
+    shared = cache.epochs
+    return {
+        "setting": cache.settings.epoch,
+        "models": shared.known() if shared is not None else {},
+        "refresh_s": cache.settings.epoch_refresh_s,
     }
 
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from cache.epoch import SharedEpoch
+    from cache.lease import LeaseCounters
+    from cache.policy import SemanticCache
 
 LOOKUPS = Counter(
     "semserve_cache_lookups_total",
@@ -100,9 +105,17 @@ def outcome_of(exc: BaseException) -> str:
 class PolicyCollector(Collector):
     """Exports the cache policy's plain counters (cache/ has no Prometheus dependency)."""
 
-    def __init__(self, model: str, counters: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        counters: Any,
+        lease: LeaseCounters | None = None,
+        epoch: SharedEpoch | None = None,
+    ) -> None:
         self.model = model
         self.counters = counters
+        self.lease = lease  # None: no cross-replica single flight
+        self.epoch = epoch  # None: no shared epoch (the setting alone)
 
     def collect(self) -> Iterator[Any]:
         c = self.counters
@@ -130,7 +143,45 @@ class PolicyCollector(Collector):
         )
         degraded.add_metric([self.model], 1.0 if c.degraded else 0.0)
         yield degraded
+        if self.lease is not None:
+            yield from self._lease_families(self.lease)
+        if self.epoch is not None:
+            epoch = GaugeMetricFamily(
+                "semserve_cache_epoch",
+                "The cache epoch this replica reads and writes under (max of --cache-epoch and the "
+                "value shared in Redis); replicas that disagree are mid-bump.",
+                labels=["model_name"],
+            )
+            epoch.add_metric([self.model], float(self.epoch.current(self.model)))
+            yield epoch
+
+    def _lease_families(self, lease: LeaseCounters) -> Iterator[Any]:
+        """Cross-replica single flight (cache/lease.py): how each claim of a lease ended."""
+        outcomes = CounterMetricFamily(
+            "semserve_cache_singleflight_leases",
+            "Cross-replica single-flight claims by outcome: led (took the lease and generated), "
+            "answered (a peer replica's stored answer was served), wait_ran_out (waited "
+            "--cache-singleflight-wait-s, then generated alone), unavailable (Redis failed: alone).",
+            labels=["model_name", "outcome"],
+        )
+        for outcome, value in (
+            ("led", lease.leaders),
+            ("answered", lease.answered),
+            ("wait_ran_out", lease.wait_timeouts),
+            ("unavailable", lease.unavailable),
+        ):
+            outcomes.add_metric([self.model, outcome], float(value))
+        yield outcomes
+        takeovers = CounterMetricFamily(
+            "semserve_cache_singleflight_lease_takeovers",
+            "Leases taken after the previous holder gave up or died (counted in outcome led too).",
+            labels=["model_name"],
+        )
+        takeovers.add_metric([self.model], float(lease.takeovers))
+        yield takeovers
 
 
-def register_policy(model: str, counters: Any) -> None:
-    REGISTRY.register(PolicyCollector(model, counters))
+def register_policy(model: str, cache: SemanticCache) -> None:
+    """Export `cache`'s counters, its cross-replica lease outcomes and its epoch."""
+    lease = cache.replica_flights.counters if cache.replica_flights is not None else None
+    REGISTRY.register(PolicyCollector(model, cache.counters, lease, cache.epochs))

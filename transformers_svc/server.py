@@ -66,7 +66,7 @@ def assemble(
     log.info("auth", enabled=auth.enabled)
     cache = build_cache(cache_settings, embed_settings, verify_settings)
     if cache is not None:
-        metrics.register_policy(settings.model_name, cache.counters)
+        metrics.register_policy(settings.model_name, cache)
     predictor = PredictorClient(settings)
     front = CacheFront(settings, cache)
     model = SemanticCacheTransformer(settings, front, predictor)

@@ -1,0 +1,180 @@
+"""The cache epoch shared through Redis (cache.epoch), on a real Redis: each "replica" is its own
+client, as separate processes would be; then two SemanticCaches on one Redis, as two replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis
+from redis.asyncio import Redis
+
+from cache.epoch import SharedEpoch
+from cache.policy import SemanticCache
+from cache.store import RedisCacheStore
+from semserve.tooling.local_redis import RedisServer, free_port
+
+from .conftest import chat, make_settings
+from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble
+
+MODEL = "smollm2"
+
+
+async def eventually(check: Callable[[], bool], within_s: float) -> float:
+    """Seconds until `check()` held; fails past `within_s`."""
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < within_s, f"not within {within_s} s"
+        await asyncio.sleep(0.01)
+    return time.monotonic() - started
+
+
+@pytest.fixture
+async def clients(redis_server: RedisServer, clean_redis: redis.Redis) -> AsyncIterator[list[Redis]]:
+    made = [Redis.from_url(redis_server.url, protocol=3) for _ in range(3)]
+    yield made
+    for c in made:
+        await c.aclose()
+
+
+def replica(client: Redis, floor: int = 0, refresh_s: float = 30.0) -> SharedEpoch:
+    return SharedEpoch(client, "test", floor=floor, refresh_s=refresh_s, op_timeout_s=2.0)
+
+
+async def test_a_bump_on_one_replica_is_announced_to_all(clients: list[Redis]) -> None:
+    # A refresh far longer than the test: only the announcement can carry the bump.
+    replicas = [replica(c) for c in clients]
+    try:
+        for r in replicas:
+            r.start()
+            await r.ensure(MODEL, 2.0)
+            assert r.current(MODEL) == 0
+        await asyncio.sleep(0.3)  # the listeners are subscribed
+        assert await replicas[0].bump(MODEL) == 1
+        assert replicas[0].current(MODEL) == 1  # the bumping replica at once
+        took = await eventually(lambda: all(r.current(MODEL) == 1 for r in replicas), 2.0)
+        assert took < 1.0
+        assert await replicas[2].bump(MODEL) == 2
+        await eventually(lambda: all(r.current(MODEL) == 2 for r in replicas), 2.0)
+        assert replicas[1].counters.notified == 2
+        # Per model: another model's epoch did not move.
+        assert replicas[1].current("other-model") == 0
+    finally:
+        for r in replicas:
+            await r.close()
+
+
+async def test_a_missed_announcement_costs_at_most_the_refresh(
+    clients: list[Redis], clean_redis: redis.Redis
+) -> None:
+    r = replica(clients[0], refresh_s=0.2)
+    r.start()
+    try:
+        await r.ensure(MODEL, 2.0)
+        clean_redis.hset(r.key, MODEL, 7)  # written without a message
+        assert await eventually(lambda: r.current(MODEL) == 7, 2.0) < 1.0
+    finally:
+        await r.close()
+
+
+async def test_a_higher_setting_raises_the_shared_epoch(
+    clients: list[Redis], clean_redis: redis.Redis
+) -> None:
+    old, new = replica(clients[0], floor=0), replica(clients[1], floor=3)
+    await old.ensure(MODEL, 2.0)
+    assert old.current(MODEL) == 0
+    # A replica started by `semserve tenant promote` with --cache-epoch 3.
+    await new.ensure(MODEL, 2.0)
+    assert new.current(MODEL) == 3 and int(clean_redis.hget(new.key, MODEL) or 0) == 3
+    await old.sync([MODEL])  # what its refresh does
+    assert old.current(MODEL) == 3
+    # A bump starts from the highest: the setting counts even where Redis is lower.
+    clean_redis.hset(new.key, MODEL, 1)
+    assert await new.bump(MODEL) == 4
+
+
+async def test_the_epoch_never_goes_down(clients: list[Redis], clean_redis: redis.Redis) -> None:
+    """Redis restarted empty (or the field was deleted): a replica that knows a higher epoch keeps
+    it and raises Redis back, so entries of an older epoch are never served again."""
+    a, b = replica(clients[0]), replica(clients[1])
+    await a.ensure(MODEL, 2.0)
+    await a.bump(MODEL)
+    await a.bump(MODEL)
+    clean_redis.delete(a.key)
+    await a.sync([MODEL])
+    assert a.current(MODEL) == 2 and int(clean_redis.hget(a.key, MODEL) or 0) == 2
+    await b.ensure(MODEL, 2.0)
+    assert b.current(MODEL) == 2
+
+
+async def test_concurrent_bumps_are_atomic(clients: list[Redis]) -> None:
+    replicas = [replica(c) for c in clients]
+    for r in replicas:
+        await r.ensure(MODEL, 2.0)
+    got = await asyncio.gather(*[r.bump(MODEL) for r in replicas for _ in range(5)])
+    assert sorted(got) == list(range(1, 16))
+
+
+async def test_redis_down_keeps_the_last_known_epoch(tmp_path_factory: pytest.TempPathFactory) -> None:
+    server = RedisServer(port=free_port(), data_dir=tmp_path_factory.mktemp("epoch-redis")).start()
+    client = Redis.from_url(server.url, protocol=3, socket_timeout=0.5)
+    r = SharedEpoch(client, "test", refresh_s=0.1, op_timeout_s=0.5)
+    r.start()
+    try:
+        await r.ensure(MODEL, 2.0)
+        await r.bump(MODEL)
+        server.stop()
+        errors = r.counters.errors
+        await eventually(lambda: r.counters.errors > errors, 5.0)  # the refresh failed ...
+        assert r.current(MODEL) == 1  # ... and the epoch stayed
+        # A model first seen while Redis is down: the setting, no exception, bounded.
+        started = time.monotonic()
+        await r.ensure("new-model", 0.3)
+        assert r.current("new-model") == 0 and time.monotonic() - started < 1.5
+        with pytest.raises((OSError, TimeoutError, redis.exceptions.RedisError)):
+            await r.bump(MODEL)  # an admin asking for a bump is told it failed
+    finally:
+        await r.close()
+        await client.aclose()
+        server.stop()
+
+
+async def test_two_caches_on_one_redis_follow_a_bump(
+    redis_server: RedisServer, clean_redis: redis.Redis
+) -> None:
+    """What the transformer replicas do: a stored answer is a hit on both; after a bump on one, the
+    same prompt is a miss on both (older entries are never served); the new answer, stored by one
+    under the new epoch, is a hit on both."""
+    settings = make_settings(redis_server.url, epoch_refresh_s=0.5)
+    caches = []
+    for _ in range(2):
+        store = RedisCacheStore.from_settings(settings)
+        await store.ensure_index()
+        cache = SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(0.8), settings)
+        await cache.start()
+        caches.append(cache)
+    a, b = caches
+    try:
+        q = "What is the capital of France?"
+        assert (await a.lookup(chat(q))).status == "miss"
+        assert await a.store(chat(q), {"text": "Paris"})
+        assert (await b.lookup(chat(q))).status == "exact"
+        await asyncio.sleep(0.3)  # b's listener is subscribed
+        assert a.epochs is not None and b.epochs is not None
+        assert await a.epochs.bump(MODEL) == 1
+        await eventually(lambda: b.epochs is not None and b.epochs.current(MODEL) == 1, 1.5)
+        for cache in caches:
+            res = await cache.lookup(chat(q))
+            assert res.status == "miss", res  # neither exact nor the paraphrase-close old entry
+        assert await b.store(chat(q), {"text": "Paris (new model)"})
+        for cache in caches:
+            hit = await cache.lookup(chat(q))
+            assert hit.status == "exact" and hit.answer == {"text": "Paris (new model)"}
+        # Another model of the same deployment keeps its epoch.
+        assert (await a.lookup(chat("Hello there", model="other"))).status == "miss"
+        assert a.epochs.current("other") == 0
+    finally:
+        for cache in caches:
+            await cache.close()
