@@ -169,11 +169,14 @@ def _returning(query: Query, *fields: str) -> Query:
     return query
 
 
-def _tenant_filter(tenant_tag: str, model: str | None = None) -> str:
-    terms = {F_TENANT: tags(tenant_tag)}
+def _scope_filter(tenant_tag: str | None = None, model: str | None = None) -> str:
+    """The entries of one tenant and/or one model (all revisions); "*" for every entry."""
+    terms = {}
+    if tenant_tag is not None:
+        terms[F_TENANT] = tags(tenant_tag)
     if model is not None:
         terms[F_MODEL] = tags(keys.model_tag(model))
-    return str(intersect(**terms))
+    return str(intersect(**terms)) if terms else "*"
 
 
 class RedisCacheStore:
@@ -374,12 +377,7 @@ class RedisCacheStore:
         reading that label back, page by page, before deleting anything."""
         if not revision:
             raise ValueError("revision must be non-empty")
-        terms = {}
-        if tenant is not None:
-            terms[F_TENANT] = tags(keys.tenant_tag(tenant))
-        if model is not None:
-            terms[F_MODEL] = tags(keys.model_tag(model))
-        query = str(intersect(**terms)) if terms else "*"
+        query = _scope_filter(keys.tenant_tag(tenant) if tenant is not None else None, model)
         suffix = f"@{revision}"
         found: list[tuple[str, str]] = []  # (entry id, tenant tag)
         offset = 0
@@ -413,7 +411,7 @@ class RedisCacheStore:
         """Delete a tenant's entries (only those of `model`, all revisions, if given). Returns the count."""
         t_tag = keys.tenant_tag(tenant)
         zkey = self.schema.tenant_zset_key(t_tag)
-        query = _tenant_filter(t_tag, model)
+        query = _scope_filter(t_tag, model)
         deleted = 0
         try:
             while True:
@@ -472,7 +470,7 @@ class RedisCacheStore:
             names = {_s(k): _s(v) for k, v in (await self.client.hgetall(self.schema.tenants_key)).items()}
         tenants = {}
         for tag, name in sorted(names.items(), key=lambda kv: kv[1]):
-            n = await self._count(_tenant_filter(tag))
+            n = await self._count(_scope_filter(tag))
             if n or tenant is not None:
                 tenants[name] = n
         out["tenants"] = tenants
@@ -481,7 +479,7 @@ class RedisCacheStore:
     async def inspect(self, tenant: str, limit: int = 20) -> list[dict[str, Any]]:
         """A tenant's newest entries, for debugging."""
         query = _returning(
-            Query(_tenant_filter(keys.tenant_tag(tenant))), F_PROMPT, F_MODEL_NAME, F_KIND, F_ANSWER
+            Query(_scope_filter(keys.tenant_tag(tenant))), F_PROMPT, F_MODEL_NAME, F_KIND, F_ANSWER
         ).return_field(F_CREATED_AT)
         query = query.sort_by(F_CREATED_AT, asc=False).paging(0, int(limit)).dialect(2)
         try:
