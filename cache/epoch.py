@@ -5,11 +5,15 @@ per-process setting (`--cache-epoch`, set by `semserve tenant promote|rollback`)
 replicas must agree, so the epoch also lives in Redis, one hash field per model under the index's
 name (so per deployment and schema version):
 
-- effective epoch of a model = max(the setting, the value in Redis, the highest this process saw):
-  it only ever goes up, so an entry of an older epoch is never served again;
-- a replica that starts with a higher setting raises Redis to it (atomic max, Lua), and every
-  replica that remembers a higher value raises a Redis that lost it (restarted empty);
-- a bump (`POST /admin/cache/epoch`) is one atomic Lua call: max + 1, then PUBLISH on the epoch
+- Redis holds two numbers per model: the highest setting any replica started with, and the number
+  of admin bumps; the shared epoch is their sum. So a replica that starts with a higher setting
+  (`promote` restarts the transformer with the annotated epoch) raises it for all (atomic max, Lua),
+  and a `promote` after admin bumps still moves the epoch (with max(setting, shared value) alone, a
+  promote to 2 after bumps to 3 would change nothing and serve the old model's answers);
+- effective epoch of a model = max(the setting, the shared epoch, the highest this process saw):
+  it only ever goes up, so an entry of an older epoch is never served again; a replica that knows
+  a higher value than Redis (restarted empty) raises the bump count back;
+- a bump (`POST /admin/cache/epoch`) is one atomic Lua call: bumps + 1, then PUBLISH on the epoch
   channel, so the other replicas learn it within a round trip;
 - requests never wait on Redis for it: the value is kept in process, updated by those messages and
   by a periodic re-read every `refresh_s` that bounds how long a missed message counts;
@@ -29,32 +33,44 @@ from semserve.logs import get_logger
 
 log = get_logger("cache.epoch")
 
-# KEYS[1] the epoch hash; ARGV: model1, floor1, model2, floor2, ... Raises each model's epoch to
-# its floor and returns the resulting values in order.
-_RAISE_LUA = """
-local out = {}
-for i = 1, #ARGV, 2 do
-  local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i])) or 0
-  local floor = tonumber(ARGV[i + 1])
-  if floor > cur then
-    redis.call('HSET', KEYS[1], ARGV[i], floor)
-    cur = floor
+# One model's shared epoch: fields s:<model> (highest setting seen) and b:<model> (bumps). Raised to
+# this replica's setting and to the epoch it already uses (known), then returned as s + b.
+_SHARED = """
+local function shared(hash, model, setting, known)
+  local sf, bf = 's:' .. model, 'b:' .. model
+  local s = tonumber(redis.call('HGET', hash, sf)) or 0
+  local b = tonumber(redis.call('HGET', hash, bf)) or 0
+  if setting > s then
+    s = setting
+    redis.call('HSET', hash, sf, s)
   end
-  out[#out + 1] = cur
+  if s + b < known then
+    b = known - s
+    redis.call('HSET', hash, bf, b)
+  end
+  return s, b
+end
+"""
+
+# KEYS[1] the epoch hash; ARGV: model, setting, known, model, setting, known, ... Returns each
+# model's shared epoch in order.
+_RAISE_LUA = _SHARED + """
+local out = {}
+for i = 1, #ARGV, 3 do
+  local s, b = shared(KEYS[1], ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+  out[#out + 1] = s + b
 end
 return out
 """
 
-# KEYS[1] the epoch hash, KEYS[2] the channel; ARGV: model, floor. max(current, floor) + 1, then
+# KEYS[1] the epoch hash, KEYS[2] the channel; ARGV: model, setting, known. One more bump, then
 # tell the other replicas "<epoch> <model>" (the epoch first: a model name may hold spaces).
-_BUMP_LUA = """
-local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0
-local floor = tonumber(ARGV[2])
-if floor > cur then cur = floor end
-local new = cur + 1
-redis.call('HSET', KEYS[1], ARGV[1], new)
-redis.call('PUBLISH', KEYS[2], tostring(new) .. ' ' .. ARGV[1])
-return new
+_BUMP_LUA = _SHARED + """
+local s, b = shared(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+b = b + 1
+redis.call('HSET', KEYS[1], 'b:' .. ARGV[1], b)
+redis.call('PUBLISH', KEYS[2], tostring(s + b) .. ' ' .. ARGV[1])
+return s + b
 """
 
 _FAILURES = (RedisError, OSError, TimeoutError)
@@ -122,11 +138,11 @@ class SharedEpoch:
     # -- Redis ---------------------------------------------------------------------------------
 
     async def sync(self, models: list[str]) -> None:
-        """Raise Redis to what this process knows (at least the setting), read the result back.
+        """Raise Redis to this process's setting and to what it knows, read the result back.
         Raises on Redis failure."""
         args: list[bytes | int] = []
         for model in models:
-            args += [_field(model), self.current(model)]
+            args += [_field(model), self.floor, self.current(model)]
         async with asyncio.timeout(self.op_timeout_s):
             values = await self._raise(keys=[self.key], args=args)
         for model, value in zip(models, values, strict=True):
@@ -153,7 +169,7 @@ class SharedEpoch:
     async def bump(self, model: str) -> int:
         """Make a new epoch for `model` on every replica; returns it. Raises on Redis failure."""
         async with asyncio.timeout(self.op_timeout_s):
-            args = [_field(model), self.current(model)]
+            args = [_field(model), self.floor, self.current(model)]
             new = int(await self._bump(keys=[self.key, self.channel], args=args))
         self.counters.bumps += 1
         if model in self._known:  # a model this process never served is synced on first use

@@ -73,7 +73,7 @@ async def test_a_missed_announcement_costs_at_most_the_refresh(
     r.start()
     try:
         await r.ensure(MODEL, 2.0)
-        clean_redis.hset(r.key, MODEL, 7)  # written without a message
+        clean_redis.hset(r.key, f"b:{MODEL}", 7)  # 7 bumps, written without a message
         assert await eventually(lambda: r.current(MODEL) == 7, 2.0) < 1.0
     finally:
         await r.close()
@@ -87,12 +87,19 @@ async def test_a_higher_setting_raises_the_shared_epoch(
     assert old.current(MODEL) == 0
     # A replica started by `semserve tenant promote` with --cache-epoch 3.
     await new.ensure(MODEL, 2.0)
-    assert new.current(MODEL) == 3 and int(clean_redis.hget(new.key, MODEL) or 0) == 3
+    assert new.current(MODEL) == 3 and int(clean_redis.hget(new.key, f"s:{MODEL}") or 0) == 3
     await old.sync([MODEL])  # what its refresh does
     assert old.current(MODEL) == 3
-    # A bump starts from the highest: the setting counts even where Redis is lower.
-    clean_redis.hset(new.key, MODEL, 1)
-    assert await new.bump(MODEL) == 4
+    assert await old.bump(MODEL) == 4  # an admin bump
+    await new.sync([MODEL])
+    assert new.current(MODEL) == 4
+    # The next promote starts replicas with --cache-epoch 4: the epoch must move again, although
+    # an admin bump had already reached 4; the replicas still running follow.
+    promoted = replica(clients[2], floor=4)
+    await promoted.ensure(MODEL, 2.0)
+    assert promoted.current(MODEL) == 5
+    await old.sync([MODEL])
+    assert old.current(MODEL) == 5
 
 
 async def test_the_epoch_never_goes_down(clients: list[Redis], clean_redis: redis.Redis) -> None:
@@ -104,7 +111,7 @@ async def test_the_epoch_never_goes_down(clients: list[Redis], clean_redis: redi
     await a.bump(MODEL)
     clean_redis.delete(a.key)
     await a.sync([MODEL])
-    assert a.current(MODEL) == 2 and int(clean_redis.hget(a.key, MODEL) or 0) == 2
+    assert a.current(MODEL) == 2 and int(clean_redis.hget(a.key, f"b:{MODEL}") or 0) == 2
     await b.ensure(MODEL, 2.0)
     assert b.current(MODEL) == 2
 
