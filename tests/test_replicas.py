@@ -3,8 +3,9 @@ in front of the suite's real predictor: what prod runs with 2-10 replicas.
 
 A burst of identical misses spread over the replicas makes one predictor generation (cross-replica
 single flight, cache/lease.py); replicas started together on an empty Redis end with one index;
-per-tenant eviction and flushes done through one replica are seen by all; a replica SIGKILLed while
-it holds a lease costs the others at most their wait budget, and no error.
+per-tenant eviction and flushes done through one replica are seen by all; so is a cache epoch bump
+(cache/epoch.py), within the refresh bound; a replica SIGKILLed while it holds a lease costs the
+others at most their wait budget, and no error.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ REPLICAS = 3
 BURST = 30
 WAIT_S = 30.0  # --cache-singleflight-wait-s of every replica
 CAP = 4  # --cache-max-entries-per-tenant
+EPOCH_REFRESH_S = 1.0  # --cache-epoch-refresh-s: how late a replica may see a bump at worst
 GENERATIONS = "semserve_predictor_generations_total"
 
 
@@ -67,6 +69,7 @@ def replica_process(name: str, predictor: Predictor, redis_url: str, *extra: str
             "--cache-deployment", DEPLOYMENT,
             "--cache-singleflight-wait-s", str(WAIT_S),
             "--cache-max-entries-per-tenant", str(CAP),
+            "--cache-epoch-refresh-s", str(EPOCH_REFRESH_S),
             "--grace-period-s", "5",
             *extra,
         ],
@@ -202,6 +205,33 @@ def test_a_streaming_burst_over_the_replicas_makes_one_generation(stack: Stack, 
     assert again.headers["x-semserve-cache"] == "exact" and text_of(again) == texts[0]
 
 
+def test_lease_outcomes_are_on_metrics(stack: Stack, predictor: Predictor) -> None:
+    """One identical miss sent to each replica at once: one replica leads the generation, the
+    others are answered by it; /metrics counts both (semserve_cache_singleflight_leases)."""
+    leases = "semserve_cache_singleflight_leases_total"
+
+    def outcome(role: str) -> float:
+        texts = [httpx.get(f"{t.http}/metrics", timeout=10).text for t in stack.replicas]
+        return sum(metric_value(m, leases, outcome=role) for m in texts)
+
+    before = {role: outcome(role) for role in ("led", "answered", "wait_ran_out", "unavailable")}
+    before_gen = generations(predictor)
+    body = chat_body(unique("Say something about rivers."), max_tokens=24)
+
+    async def one_each() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            return list(await asyncio.gather(*[
+                client.post(f"{t.http}/openai/v1/chat/completions", json=body) for t in stack.replicas
+            ]))
+
+    texts = [text_of(r) for r in asyncio.run(one_each())]
+    assert len(set(texts)) == 1 and generations(predictor) - before_gen == 1
+    assert outcome("led") - before["led"] == 1
+    assert outcome("answered") - before["answered"] >= 1
+    assert outcome("wait_ran_out") == before["wait_ran_out"]
+    assert outcome("unavailable") == before["unavailable"]
+
+
 def test_grpc_through_the_load_balancer(stack: Stack) -> None:
     from kserve import InferenceGRPCClient, InferInput, InferRequest
 
@@ -240,6 +270,49 @@ def test_eviction_and_flush_are_shared(stack: Stack) -> None:
     assert flushed.status_code == 200, flushed.text
     assert flushed.json()["deleted"] >= CAP - 1
     assert chat(stack.replicas[0].http, prompts[-1]).headers["x-semserve-cache"] == "miss"
+
+
+def epoch_of(t: Transformer) -> float:
+    return metric_value(httpx.get(f"{t.http}/metrics", timeout=10).text, "semserve_cache_epoch")
+
+
+def test_an_epoch_bump_on_one_replica_is_seen_by_all(stack: Stack) -> None:
+    """Issue #16: a stored answer is a hit through every replica; after a bump through replica 1's
+    admin route, the same prompt is a miss through replicas 2 and 3 within the refresh bound; the
+    answer then generated is stored under the new epoch and is a hit everywhere."""
+    q = unique("Name a river.")
+    first = chat(stack.replicas[0].http, q)
+    assert first.headers["x-semserve-cache"] == "miss"
+    for t in stack.replicas[1:]:
+        assert chat(t.http, q).headers["x-semserve-cache"] == "exact"
+    stats = httpx.get(f"{stack.replicas[0].http}/admin/cache/stats", timeout=30).json()
+    (model, old), = stats["epoch"]["models"].items()
+    assert [epoch_of(t) for t in stack.replicas] == [old] * REPLICAS
+
+    bumped = httpx.post(f"{stack.replicas[0].http}/admin/cache/epoch", params={"model": model}, timeout=30)
+    at = time.monotonic()
+    assert bumped.status_code == 200, bumped.text
+    assert bumped.json() == {"model": model, "epoch": old + 1}
+    # Announced at once (pub/sub); at worst the next re-read. Slack: 2 busy cores.
+    while not all(epoch_of(t) == old + 1 for t in stack.replicas[1:]):
+        assert time.monotonic() - at < EPOCH_REFRESH_S + 2.0, [epoch_of(t) for t in stack.replicas]
+        time.sleep(0.02)
+    for t in stack.replicas:
+        epoch = httpx.get(f"{t.http}/admin/cache/stats", timeout=30).json()["epoch"]
+        assert epoch["models"] == {model: old + 1} and epoch["setting"] == 0
+
+    # no-store: looked up, not stored, so replica 3's lookup is not answered by replica 2's request.
+    for t in stack.replicas[1:]:
+        again = httpx.post(f"{t.http}/openai/v1/chat/completions", json=chat_body(q),
+                           headers={"cache-control": "no-store"}, timeout=180)  # fmt: skip
+        assert again.headers["x-semserve-cache"] == "miss", t.http
+        assert text_of(again) == text_of(first)  # temperature 0: the same model's same answer
+    fresh = chat(stack.replicas[1].http, q)
+    assert fresh.headers["x-semserve-cache"] == "miss"
+    for t in (stack.replicas[0], stack.replicas[2]):
+        assert chat(t.http, q).headers["x-semserve-cache"] == "exact"
+    # A bump is an admin operation: a model is required.
+    assert httpx.post(f"{stack.replicas[0].http}/admin/cache/epoch", timeout=30).status_code == 400
 
 
 def test_a_killed_lease_holder_costs_the_others_at_most_the_wait(stack: Stack, predictor: Predictor) -> None:
