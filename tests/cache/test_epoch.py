@@ -4,17 +4,22 @@ client, as separate processes would be; then two SemanticCaches on one Redis, as
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
 
+import httpx
 import pytest
 import redis
+from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from cache.epoch import SharedEpoch
 from cache.policy import SemanticCache
 from cache.store import RedisCacheStore
 from semserve.tooling.local_redis import RedisServer, free_port
+from transformers_svc.admin import register_admin_routes
+from transformers_svc.auth import Authenticator, KeyEntry
 
 from .conftest import chat, make_settings
 from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble
@@ -185,3 +190,27 @@ async def test_two_caches_on_one_redis_follow_a_bump(
     finally:
         for cache in caches:
             await cache.close()
+
+
+async def test_the_admin_route_bumps_behind_the_admin_key(cache: SemanticCache) -> None:
+    """POST /admin/cache/epoch (transformers_svc/admin.py): an admin key bumps and gets the new
+    epoch; a tenant's key is refused (403), no key is 401, no model is 400; stats show the epoch."""
+    def entry(key: str, tenant: str | None) -> KeyEntry:
+        return KeyEntry(hashlib.sha256(key.encode()).digest(), tenant)
+
+    app = FastAPI()
+    register_admin_routes(app, cache, Authenticator([entry("k-acme", "acme"), entry("k-admin", None)], "x"))
+    admin = {"authorization": "Bearer k-admin"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        await cache.lookup(chat("Hello"))  # the cache has synced MODEL's epoch
+        r = await client.post("/admin/cache/epoch", params={"model": MODEL}, headers=admin)
+        assert r.status_code == 200 and r.json() == {"model": MODEL, "epoch": 1}
+        assert cache.epochs is not None and cache.epochs.current(MODEL) == 1
+        stats = (await client.get("/admin/cache/stats", headers=admin)).json()["epoch"]
+        assert stats["models"] == {MODEL: 1} and stats["setting"] == 0
+        tenant = {"authorization": "Bearer k-acme"}
+        refused = await client.post("/admin/cache/epoch", params={"model": MODEL}, headers=tenant)
+        assert refused.status_code == 403
+        assert (await client.post("/admin/cache/epoch", params={"model": MODEL})).status_code == 401
+        assert (await client.post("/admin/cache/epoch", headers=admin)).status_code == 400
+    assert cache.epochs.current(MODEL) == 1
