@@ -537,9 +537,12 @@ class SemanticCache:
         # Nobody may be waiting: do not let asyncio log "exception never retrieved".
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._flights[key] = fut
-        claim = await self.claim_replicas(req) if store and replicas else Claim("alone")
+        claim = Claim("alone")
         try:
             try:
+                # Inside the flight's try: a leader cancelled while it claims still resolves the flight.
+                if store and replicas:
+                    claim = await self.claim_replicas(req)
                 shared = await self.peer_answer(req) if claim.role == "answered" else None
                 answer = shared if shared is not None else await produce()
             except asyncio.CancelledError:
