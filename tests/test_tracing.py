@@ -29,6 +29,8 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 NAME = "tracing"  # the transformer's deployment: its index is semserve:v2:tracing
 INFER_ROUTE = "POST /v2/models/{model_name}/infer"
 MODEL_INFER = "inference.GRPCInferenceService/ModelInfer"
+# The leader of a miss takes the cross-replica lease (cache/lease.py) before calling the predictor.
+LEASE = ("semserve.cache.singleflight.lease", [])
 LOOKUP_MISS = [
     ("HMGET", []),
     ("semserve.cache.embed", []),
@@ -153,6 +155,7 @@ def test_v2_miss_then_hit_span_trees(traced: Transformer, predictor: Predictor, 
         (INFER_ROUTE, [
             ("semserve.auth", []),
             ("semserve.cache.lookup", LOOKUP_MISS),
+            LEASE,
             (MODEL_INFER, [(MODEL_INFER, [GENERATION])]),  # client span, then the predictor's
             ("semserve.cache.store", [("EVALSHA", [])]),
         ])
@@ -224,6 +227,7 @@ def test_openai_miss_over_grpc_and_semantic_hit(traced: Transformer, predictor: 
         ("POST /openai/v1/chat/completions", [
             ("semserve.auth", []),
             ("semserve.cache.lookup", LOOKUP_MISS),
+            LEASE,
             # The gRPC hop (the chat prompt in the `chat` input): traceparent in the metadata.
             (MODEL_INFER, [(MODEL_INFER, [
                 ("chat llm", [("vllm.queue", []), ("vllm.prefill", []), ("vllm.decode", [])])])]),
@@ -287,6 +291,7 @@ async def test_grpc_route_and_single_flight_wait(traced: Transformer, predictor:
         (MODEL_INFER, [
             ("semserve.auth", []),
             ("semserve.cache.lookup", LOOKUP_MISS),
+            LEASE,
             (MODEL_INFER, [(MODEL_INFER, [GENERATION])]),
             ("semserve.cache.store", [("EVALSHA", [])]),
         ])
