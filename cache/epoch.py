@@ -150,8 +150,8 @@ class SharedEpoch:
 
     async def ensure(self, model: str, timeout_s: float) -> None:
         """Sync `model` once, the first time this process sees it; concurrent first requests wait
-        for the same round trip (at most `timeout_s`). Never raises: on failure the model stays
-        unknown (the setting applies) and the next request tries again."""
+        for the same round trip (at most `timeout_s`). Raises on Redis failure or timeout: the
+        model stays unknown and the next request tries again."""
         if model in self._known:
             return
         fut = self._first_sync.get(model)
@@ -162,9 +162,9 @@ class SharedEpoch:
             fut.add_done_callback(lambda _: self._first_sync.pop(model, None))
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout_s)
-        except Exception as e:  # Redis failed (or a bug): the request goes on under the setting
+        except Exception:
             self.counters.errors += 1
-            log.debug("cache_epoch_unavailable", error=f"{type(e).__name__}: {e}")
+            raise
 
     async def bump(self, model: str) -> int:
         """Make a new epoch for `model` on every replica; returns it. Raises on Redis failure."""

@@ -242,12 +242,15 @@ class SemanticCache:
         epoch = self.epochs.current(req.model) if self.epochs is not None else self.settings.epoch
         return req if req.epoch == epoch else dataclasses.replace(req, epoch=epoch)
 
-    async def _sync_epoch(self, req: CacheRequest) -> None:
-        """The first request for a model reads its shared epoch (once per process; afterwards the
-        epoch is refreshed in the background). Skipped while Redis is known down: the setting."""
-        if self.epochs is None or self.epochs.knows(req.model) or self.counters.degraded or self._skip(req):
-            return
-        await self.epochs.ensure(req.model, self.settings.lookup_timeout_ms / 1000.0)
+    async def _read_epoch(self, req: CacheRequest, budget_s: float) -> CacheRequest:
+        """`req` in the shared epoch of its model, read from Redis by the first request for that
+        model (afterwards it is refreshed in the background). Raises like any Redis call of a lookup
+        or store, which then fails open: never a read or write under an epoch not yet checked, which
+        could be older than the shared one."""
+        if self.epochs is not None and not self.epochs.knows(req.model):
+            await self.epochs.ensure(req.model, budget_s)
+            req = self._scoped(req)
+        return req
 
     def _skip(self, req: CacheRequest) -> bool:
         return not self.settings.enabled or req.bypass or not keys.normalize_text(req.prompt)
@@ -266,7 +269,6 @@ class SemanticCache:
         return res
 
     async def lookup(self, req: CacheRequest) -> LookupResult:
-        await self._sync_epoch(req)
         req = self._scoped(req)
         with tracing.span("semserve.cache.lookup", semserve__cache__kind=req.kind) as span:
             res = await self._traced_lookup(req)
@@ -331,6 +333,9 @@ class SemanticCache:
         # Redis round trips get the tight budget (a slow Redis must cost only milliseconds); the
         # embedding gets its own, since CPU contention, not Redis, decides how long it takes.
         redis_budget = self.settings.lookup_timeout_ms / 1000.0
+        phase.name = "epoch"
+        req = await self._read_epoch(req, redis_budget)
+        phase.name = "exact"
         with self._redis_span("HMGET") as span:
             async with asyncio.timeout(redis_budget):
                 hit = await self._entries.get_exact(req)
@@ -429,7 +434,6 @@ class SemanticCache:
         self, req: CacheRequest, answer: Payload, vector: np.ndarray | None = None
     ) -> bool:
         """Write the answer for `req`. Returns False (and never raises) when it could not."""
-        await self._sync_epoch(req)
         req = self._scoped(req)
         if self._skip(req):
             return False
@@ -446,6 +450,8 @@ class SemanticCache:
         phase = _Phase()
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000.0):
+                phase.name = "epoch"
+                req = await self._read_epoch(req, self.settings.store_timeout_ms / 1000.0)
                 if vector is None:
                     phase.name = "embed"
                     with tracing.span("semserve.cache.embed"):
@@ -508,7 +514,6 @@ class SemanticCache:
         (if `store` and `should_store(answer)`) before the flight closes, so requests arriving in
         between still share it. `replicas`: share with other replicas through the lease too (off for
         a request that may not be served from the cache: a peer's answer is a cached one)."""
-        await self._sync_epoch(req)
         req = self._scoped(req)
         if self._skip(req):
             return await produce()

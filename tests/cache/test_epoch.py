@@ -141,10 +141,12 @@ async def test_redis_down_keeps_the_last_known_epoch(tmp_path_factory: pytest.Te
         errors = r.counters.errors
         await eventually(lambda: r.counters.errors > errors, 5.0)  # the refresh failed ...
         assert r.current(MODEL) == 1  # ... and the epoch stayed
-        # A model first seen while Redis is down: the setting, no exception, bounded.
+        # A model first seen while Redis is down: an error within the budget (the cache fails
+        # open: the request is not served from, nor stored in, an epoch nobody checked).
         started = time.monotonic()
-        await r.ensure("new-model", 0.3)
-        assert r.current("new-model") == 0 and time.monotonic() - started < 1.5
+        with pytest.raises((OSError, TimeoutError, redis.exceptions.RedisError)):
+            await r.ensure("new-model", 0.3)
+        assert not r.knows("new-model") and time.monotonic() - started < 1.5
         with pytest.raises((OSError, TimeoutError, redis.exceptions.RedisError)):
             await r.bump(MODEL)  # an admin asking for a bump is told it failed
     finally:
@@ -214,3 +216,38 @@ async def test_the_admin_route_bumps_behind_the_admin_key(cache: SemanticCache) 
         assert (await client.post("/admin/cache/epoch", params={"model": MODEL})).status_code == 401
         assert (await client.post("/admin/cache/epoch", headers=admin)).status_code == 400
     assert cache.epochs.current(MODEL) == 1
+
+
+async def test_no_read_or_write_before_the_epoch_is_known(
+    redis_server: RedisServer, clean_redis: redis.Redis
+) -> None:
+    """A replica whose first read of the shared epoch failed neither serves nor stores under its
+    (older) setting: the lookup is an error (the request goes to the predictor), the store is
+    skipped; the next request reads the epoch and is served in it."""
+    settings = make_settings(redis_server.url)
+    old = SemanticCache(RedisCacheStore.from_settings(settings), HashingEmbedderDouble(),
+                        ThresholdVerifierDouble(0.8), settings)  # fmt: skip
+    await old.entries.ensure_index()
+    q = "What is the capital of France?"
+    assert await old.store(chat(q), {"text": "Paris (old model)"})
+    assert old.epochs is not None and await old.epochs.bump(MODEL) == 1
+    new = SemanticCache(RedisCacheStore.from_settings(settings), HashingEmbedderDouble(),
+                        ThresholdVerifierDouble(0.8), settings)  # fmt: skip
+    assert new.epochs is not None
+    real_ensure = new.epochs.ensure
+
+    async def failing(model: str, timeout_s: float) -> None:
+        raise redis.exceptions.TimeoutError("slow Redis")
+
+    new.epochs.ensure = failing  # type: ignore[method-assign]
+    try:
+        res = await new.lookup(chat(q))
+        assert res.status == "error" and res.error is not None and "epoch" in res.error
+        assert await new.store(chat(q), {"text": "stored under epoch 0"}) is False
+        new.epochs.ensure = real_ensure  # type: ignore[method-assign]
+        await asyncio.sleep(settings.degraded_retry_s * 2)  # Redis counted down: the next probe
+        assert (await new.lookup(chat(q))).status == "miss"  # epoch 1: the old answer is gone
+        assert new.epochs.current(MODEL) == 1
+    finally:
+        await old.close()
+        await new.close()
