@@ -542,7 +542,7 @@ def plot(rows: Sequence[ScaleRow], path: Path) -> None:
 def command_line(args: argparse.Namespace) -> str:
     parts = [f"semserve bench scale --entries {args.entries} --tenants {args.tenants}",
              f"--queries {args.queries}"]
-    if args.algorithm != "HNSW":
+    if args.algorithm != "FLAT":
         parts.append(f"--algorithm {args.algorithm}")
     if args.hnsw_m:
         parts.append(f"--hnsw-m {args.hnsw_m}")
@@ -557,6 +557,12 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    hnsw_only = [f for f, v in (("--hnsw-m", args.hnsw_m), ("--ef-construction", args.ef_construction),
+                                 ("--ef-runtime", args.ef_runtime),
+                                 ("--ef-runtime-default", args.ef_runtime_default)) if v]
+    if hnsw_only and args.algorithm != "HNSW":
+        print(f"semserve bench scale: {', '.join(hnsw_only)} need --algorithm HNSW", file=sys.stderr)
+        return 2
     started = time.monotonic()
     load_start = os.getloadavg()[0]
     rng = random.Random(args.seed)
@@ -601,8 +607,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(0.5: cosine about 0.89 to its source)")
     p.add_argument("--hnsw-m", type=int, default=0, help="HNSW M (0: cache.schema's)")
     p.add_argument("--ef-construction", type=int, default=0, help="HNSW EF_CONSTRUCTION (0: cache.schema's)")
-    p.add_argument("--algorithm", choices=("HNSW", "FLAT"), default="HNSW",
-                   help="vector index: HNSW (cache.schema's parameters) or FLAT (brute force)")
+    p.add_argument("--algorithm", choices=("HNSW", "FLAT"), default="FLAT",
+                   help="vector index: FLAT (brute force, cache.schema's default) or HNSW (its parameters)")
     p.add_argument("--ef-runtime", default="", help="EF_RUNTIME values to try on the query, e.g. 10,50")
     p.add_argument("--ef-runtime-default", type=int, default=0, help="the index's EF_RUNTIME (0: schema)")
     p.add_argument("--index-timeout", type=float, default=7200.0, help="seconds to wait for the index")

@@ -44,18 +44,21 @@ class IndexSchema:
     deployment: str = "default"
     dim: int = DEFAULT_DIM
     version: int = SCHEMA_VERSION
-    # HNSW parameters, chosen with `semserve bench scale` (bench/RESULTS.md "Cache at scale"). M and
-    # EF_CONSTRUCTION fix the graph at FT.CREATE; EF_RUNTIME is the default candidate list of a KNN
-    # query. Every lookup is filtered to one scope (tenant + fingerprint), so the KNN searches at
-    # most a tenant's entries (max_entries_per_tenant), not the whole index. EF_CONSTRUCTION 64
-    # gave the same recall@1 (1.000) and KNN latency as RediSearch's 200 in half the build time
-    # (20k entries in one tenant: 14.1 s vs 27.7 s; a restarted Redis rebuilds the whole graph),
-    # and EF_RUNTIME above the default 10 bought no recall.
+    # HNSW parameters (when vector_algorithm is HNSW), chosen with `semserve bench scale`
+    # (bench/RESULTS.md "Cache at scale"). M and EF_CONSTRUCTION fix the graph at FT.CREATE;
+    # EF_RUNTIME is the default candidate list of a KNN query. EF_CONSTRUCTION 64 gave the same
+    # recall@1 (1.000) and KNN latency as RediSearch's 200 in half the build time (20k entries in one
+    # tenant: 14.1 s vs 27.7 s; a restarted Redis rebuilds the whole graph), and EF_RUNTIME above
+    # the default 10 bought no recall.
     hnsw_m: int = 16
     hnsw_ef_construction: int = 64
     hnsw_ef_runtime: int = 10
-    # "FLAT" (exact brute force, no graph to build) for comparison runs of `semserve bench scale`.
-    vector_algorithm: str = "HNSW"
+    # FLAT (exact brute force over the scope's entries) is the default: every KNN is pre-filtered to
+    # one scope tag, and RediSearch then brute-forces that scope's entries with either index kind,
+    # so HNSW's graph buys no speed here (20k entries in one tenant: KNN p50 2.56 ms FLAT vs 8.35 ms
+    # HNSW) while it costs build time (100k: 2.4 s vs 104 s; a restarted Redis rebuilds it) and
+    # memory. A scope holds at most max_entries_per_tenant entries. HNSW stays selectable (bench).
+    vector_algorithm: str = "FLAT"
 
     def __post_init__(self) -> None:
         # Deployment names end up inside key names and the index name; ':' would let two

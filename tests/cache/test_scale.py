@@ -33,7 +33,7 @@ def test_bench_scale_end_to_end(tmp_path: Path) -> None:
     out, png = tmp_path / "RESULTS.md", tmp_path / "scale.png"
     r = subprocess.run(
         [sys.executable, "-m", "semserve", "bench", "scale", "--entries", "300,500", "--tenants", "10",
-         "--queries", "30", "--ef-runtime", "20", "--server-requests", "10",
+         "--queries", "30", "--algorithm", "HNSW", "--ef-runtime", "20", "--server-requests", "10",
          "--output", str(out), "--plot", str(png)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
