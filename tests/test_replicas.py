@@ -70,6 +70,11 @@ def replica_process(name: str, predictor: Predictor, redis_url: str, *extra: str
             "--cache-singleflight-wait-s", str(WAIT_S),
             "--cache-max-entries-per-tenant", str(CAP),
             "--cache-epoch-refresh-s", str(EPOCH_REFRESH_S),
+            # A burst of 30 on CI's few shared cores can hold a Redis round trip past the 50 ms
+            # production budget; a replica would then go alone (fail open, tested in
+            # test_transformer_faults.py) and make a second generation. These tests are about
+            # sharing, so the budget is generous here.
+            "--cache-lookup-timeout-ms", "1000",
             "--grace-period-s", "5",
             *extra,
         ],
