@@ -78,7 +78,7 @@ async def _burst(base: str, n: int) -> tuple[list[float], int]:
 
 def run_config(cfg: Config, burst: int, rounds: int, predictor_http: str, predictor_grpc: str,
                redis_url: str, work: Path) -> Result:
-    from bench.cache import Proc
+    from bench.procs import Proc
     from semserve.loadbalancer import Backend, Frontend, LoadBalancer
 
     deployment = f"burst{uuid.uuid4().hex[:6]}"
@@ -130,7 +130,7 @@ def main() -> int:
     parser.add_argument("--output", default=None, help="append the table to this file")
     args = parser.parse_args()
 
-    from bench.cache import Proc
+    from bench.procs import Proc
     from semserve import model_prep
     from semserve.tooling.local_redis import RedisServer
 

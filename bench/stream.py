@@ -36,8 +36,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.cache import LOG_DIR, Proc, ServerStats, miss_prompts
+from bench.cache_e2e import ServerStats, miss_prompts
 from bench.predictor import Server, _free_port, _machine, _percentile
+from bench.procs import LOG_DIR, Proc
 
 MODEL = "llm"
 ENGINE_LIMITS = ["--max-model-len", "2048"]

@@ -1,0 +1,87 @@
+"""Server processes of the benches: a `python -m semserve ...` child with its log in a file, and
+the stop and readiness waits the benches share."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.predictor import ROOT
+
+LOG_DIR = ROOT / ".cache" / "bench-logs"
+
+
+class Proc:
+    """A `python -m semserve ...` child with its log in a file: start now, wait for ready later."""
+
+    def __init__(self, name: str, args: list[str], ready_url: str, log: Path) -> None:
+        self.name, self.args, self.ready_url, self.log = name, args, ready_url, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.start_s = float("nan")
+
+    def start(self) -> Proc:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "semserve", *self.args], stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 900) -> float:
+        assert self.proc is not None
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {self.log}")
+            try:
+                if httpx.get(self.ready_url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            waited = time.monotonic() - self.started
+            if waited > timeout_s:
+                raise TimeoutError(f"{self.name} not ready in {timeout_s:.0f} s; see {self.log}")
+            if sys.stdout.isatty():
+                print(f"  [{self.name}] starting... {waited:.0f}s", end="\r", flush=True)
+            elif int(waited) % 30 == 0:
+                print(f"  [{self.name}] starting... {waited:.0f}s", flush=True)
+            time.sleep(1)
+        self.start_s = time.monotonic() - self.started
+        print(f"  [{self.name}] ready in {self.start_s:.0f}s            ", flush=True)
+        return self.start_s
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group (started with start_new_session), SIGKILL after 60 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def wait_http(url: str, timeout_s: float) -> None:
+    """Poll `url` until it answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout_s}s")
