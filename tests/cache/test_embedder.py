@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cache.embedder import Embedder, EmbedderSettings, bundled_model_path, cosine
+from cache.embedder_export import is_fresh
 from cache.interfaces import Embedder as EmbedderProtocol
 
 TEXTS = [
@@ -189,4 +190,4 @@ def test_prepared_export_is_reused_and_recognised_by_content(
     assert moved.onnx_file.is_relative_to(copy)
     # Other weights of the same size: not their export.
     stamp.write_text(json.dumps({**recorded, "mtime_ns": 1, "sha256": "0" * 64}))
-    assert not moved._fresh(stamp.parent / "model.onnx")
+    assert not is_fresh(moved.model_path, stamp.parent / "model.onnx")
