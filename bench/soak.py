@@ -40,31 +40,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import json
 import random
-import struct
-import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from bench.predictor import ROOT, _free_port, _percentile
+from bench.predictor import _percentile
+from bench.soak_client import REQUEST_TIMEOUT_S, Client, Endpoint, Failure
+from bench.soak_stack import LocalStack
+from bench.soak_verify import Sent, Served, Verdict, read_generations, verify
 
-LOG_DIR = ROOT / ".cache" / "bench-logs"
-MODEL = "llm"
-MAX_TOKENS = 8
 PATHS = ("v2-rest", "v2-grpc", "openai-completions", "openai-completions-stream", "openai-chat",
          "openai-chat-stream")
 RSS_GROWTH_MAX = 0.10
 FD_SLACK = 4
-REQUEST_TIMEOUT_S = 120.0
 
 # (stored prompt, paraphrase): the exact pool is the first column.
 POOL = (
@@ -80,11 +74,6 @@ POOL = (
 _TOPICS = ("a lighthouse", "autumn leaves", "a red bicycle", "the moon", "a glacier", "fresh bread",
            "a steam train", "coral reefs", "an old clock", "city pigeons")
 
-
-@dataclass(frozen=True)
-class Endpoint:
-    http: str  # base URL
-    grpc: str  # host:port
 
 
 @dataclass
@@ -145,269 +134,6 @@ def _resources(pids: dict[str, int]) -> dict[str, tuple[float, int]]:
         out[name] = (rss / 2**20, fds)
     return out
 
-
-def _grpc_output(resp: Any, name: str) -> bytes | None:
-    """The first element of a BYTES or INT32 output, raw (raw_output_contents or typed contents)."""
-    for i, out in enumerate(resp.outputs):
-        if out.name != name:
-            continue
-        if resp.raw_output_contents:
-            raw = bytes(resp.raw_output_contents[i])
-            if out.datatype == "BYTES":
-                (n,) = struct.unpack_from("<I", raw, 0)
-                return raw[4 : 4 + n]
-            return raw[:4]
-        if out.datatype == "BYTES":
-            return bytes(out.contents.bytes_contents[0])
-        return struct.pack("<i", out.contents.int_contents[0])
-    return None
-
-
-class Failure(Exception):
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
-
-
-@dataclass(frozen=True)
-class Served:
-    """What the client got: cache status, text, and the end of the answer as the response told it."""
-
-    status: str
-    text: str
-    finish_reason: str | None
-    completion_tokens: int | None
-
-
-@dataclass(frozen=True)
-class Sent:
-    """One request as sent: what its answer may be checked against."""
-
-    rid: str
-    path: str
-    op: str
-    tenant: str
-    kind: str  # "raw" (v2 and OpenAI completions share entries) or "chat"
-    prompt: str
-    accept: tuple[str, ...]  # prompts whose answers a semantic hit may carry
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One `generation_finished` line of the predictor's log."""
-
-    request_id: str
-    outcome: str
-    finish_reason: str | None
-    completion_tokens: int
-    output_sha256: str
-
-
-def read_generations(log_path: Path, prefix: str) -> dict[str, list[Generation]]:
-    """The predictor's generations whose request id starts with `prefix`, by request id (a v2
-    request's prompt i runs as `<id>-<i>`: filed under `<id>`)."""
-    out: dict[str, list[Generation]] = defaultdict(list)
-    with log_path.open(errors="replace") as f:
-        for line in f:
-            if "generation_finished" not in line or prefix not in line:
-                continue
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            rid = str(e.get("request_id") or "")
-            if e.get("event") != "generation_finished" or not rid.startswith(prefix):
-                continue
-            base = rid[: -len("-0")] if rid.endswith("-0") else rid
-            out[base].append(Generation(rid, str(e.get("outcome")), e.get("finish_reason"),
-                                        int(e.get("completion_tokens") or 0), str(e.get("output_sha256"))))
-    return out
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-@dataclass
-class Verdict:
-    """The answer check over a whole run (see the module docstring)."""
-
-    checked: int = 0
-    misses_by_request: int = 0  # misses matched to the predictor's generation for that request
-    misses_joined: int = 0  # misses without a generation of their own (single flight)
-    hits: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
-    samples: list[str] = field(default_factory=list)
-    answers_per_prompt: dict[tuple[str, str], set[str]] = field(default_factory=dict)
-
-    def fail(self, kind: str, detail: str) -> None:
-        self.failures[kind] += 1
-        if len(self.samples) < 10:
-            self.samples.append(f"{kind}: {detail}")
-
-    @property
-    def prompts_with_several_answers(self) -> int:
-        return sum(1 for v in self.answers_per_prompt.values() if len(v) > 1)
-
-
-def verify(served: list[tuple[Sent, Served]], sent: list[Sent],
-           generations: dict[str, list[Generation]]) -> Verdict:
-    v = Verdict()
-    by_rid = {s.rid: s for s in sent}
-    # What the predictor produced cleanly, per (tenant, kind, prompt), from every request sent,
-    # answered or not (an answer stored by a request whose client gave up is still the model's).
-    produced: dict[tuple[str, str, str], set[str]] = defaultdict(set)
-    for rid, gens in generations.items():
-        s = by_rid.get(rid)
-        if s is None:
-            continue
-        for g in gens:
-            if g.outcome == "ok" and g.finish_reason in ("stop", "length"):
-                produced[(s.tenant, s.kind, s.prompt)].add(g.output_sha256)
-    for s, got in served:
-        v.checked += 1
-        digest = _sha(got.text)
-        v.answers_per_prompt.setdefault((s.kind, s.prompt), set()).add(digest)
-        where = f"{s.path} {s.op} {got.status} tenant={s.tenant} rid={s.rid} {s.prompt!r}: {got.text!r}"
-        if got.finish_reason not in (None, "stop", "length"):
-            v.fail("partial_answer", f"{where} finish_reason={got.finish_reason}")
-            continue
-        if got.status == "miss":
-            own = generations.get(s.rid, [])
-            if own:
-                v.misses_by_request += 1
-                g = own[-1]
-                if g.outcome != "ok" or g.finish_reason not in ("stop", "length"):
-                    v.fail("partial_answer", f"{where}: the predictor's generation ended {g.outcome}/"
-                                             f"{g.finish_reason}")
-                elif g.output_sha256 != digest:
-                    v.fail("wrong_answer", f"{where}: not the text the predictor generated for this "
-                                           f"request ({g.completion_tokens} tokens, {g.finish_reason})")
-                elif got.finish_reason is not None and got.finish_reason != g.finish_reason:
-                    v.fail("wrong_answer", f"{where}: finish_reason {got.finish_reason}, the predictor's "
-                                           f"{g.finish_reason}")
-                elif got.completion_tokens is not None and got.completion_tokens != g.completion_tokens:
-                    v.fail("partial_answer", f"{where}: {got.completion_tokens} completion tokens, the "
-                                             f"predictor's {g.completion_tokens}")
-                continue
-            v.misses_joined += 1
-            if digest not in produced[(s.tenant, s.kind, s.prompt)]:
-                v.fail("wrong_answer", f"{where}: no generation of its own and no generation for this "
-                                       f"tenant and prompt gave this text")
-            continue
-        v.hits += 1
-        allowed = s.accept if got.status == "semantic" else (s.prompt,)
-        if not any(digest in produced[(s.tenant, s.kind, p)] for p in allowed):
-            v.fail("wrong_answer", f"{where}: the predictor never produced this text for this tenant and "
-                                   f"{'these prompts' if len(allowed) > 1 else 'prompt'}")
-    return v
-
-
-class Client:
-    def __init__(self, transformer: Endpoint) -> None:
-        import grpc
-        from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
-        from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
-
-        self.t, self.pb = transformer, pb
-        self.http = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S,
-                                      limits=httpx.Limits(max_connections=128, max_keepalive_connections=64))
-        self.channel = grpc.aio.insecure_channel(transformer.grpc)
-        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
-
-    async def close(self) -> None:
-        await self.http.aclose()
-        await self.channel.close()
-
-    async def call(self, path: str, prompt: str, key: str | None, rid: str) -> Served:
-        """One request through the transformer, carrying `rid` as its request id."""
-        headers = {"x-request-id": rid}
-        if key:
-            headers["authorization"] = f"Bearer {key}"
-        if path == "v2-rest":
-            body = {"id": rid,
-                    "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
-                    "parameters": {"max_tokens": MAX_TOKENS, "temperature": 0}}
-            r = await self.http.post(f"{self.t.http}/v2/models/{MODEL}/infer", json=body, headers=headers)
-            if r.status_code != 200:
-                raise Failure(f"http_{r.status_code}", r.text[:200])
-            outs = {o["name"]: o["data"][0] for o in r.json()["outputs"]}
-            return Served(str(outs["cache_status"]), str(outs["text_output"]), outs.get("finish_reason"),
-                          outs.get("completion_tokens"))
-        if path == "v2-grpc":
-            import grpc
-
-            pb = self.pb
-            req = pb.ModelInferRequest(
-                model_name=MODEL, id=rid,
-                inputs=[pb.ModelInferRequest.InferInputTensor(
-                    name="text_input", datatype="BYTES", shape=[1],
-                    contents=pb.InferTensorContents(bytes_contents=[prompt.encode()]))],
-                parameters={"max_tokens": pb.InferParameter(int64_param=MAX_TOKENS),
-                            "temperature": pb.InferParameter(int64_param=0)},
-            )
-            try:
-                resp = await self.stub.ModelInfer(req, metadata=tuple(headers.items()),
-                                                  timeout=REQUEST_TIMEOUT_S)
-            except grpc.aio.AioRpcError as e:
-                raise Failure(f"grpc_{e.code().name}", str(e.details())[:200]) from e
-            text = _grpc_output(resp, "text_output")
-            if text is None:
-                raise Failure("bad_response", "no text_output")
-            finish = _grpc_output(resp, "finish_reason")
-            tokens = _grpc_output(resp, "completion_tokens")
-            return Served((_grpc_output(resp, "cache_status") or b"?").decode(), text.decode(),
-                          finish.decode() if finish is not None else None,
-                          struct.unpack("<i", tokens)[0] if tokens is not None else None)
-        chat = path.startswith("openai-chat")
-        stream = path.endswith("-stream")
-        body: dict[str, Any] = {"model": MODEL, "temperature": 0, "max_tokens": MAX_TOKENS, "stream": stream}
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        if chat:
-            body["messages"] = [{"role": "user", "content": prompt}]
-        else:
-            body["prompt"] = prompt
-        url = f"{self.t.http}/openai/v1/{'chat/completions' if chat else 'completions'}"
-        if not stream:
-            r = await self.http.post(url, json=body, headers=headers)
-            if r.status_code != 200:
-                raise Failure(f"http_{r.status_code}", r.text[:200])
-            data = r.json()
-            choice = data["choices"][0]
-            text = choice["message"]["content"] if chat else choice["text"]
-            return Served(r.headers.get("x-semserve-cache", "?"), str(text or ""),
-                          choice.get("finish_reason"), (data.get("usage") or {}).get("completion_tokens"))
-        parts: list[str] = []
-        done = False
-        finish: str | None = None
-        tokens: int | None = None
-        async with self.http.stream("POST", url, json=body, headers=headers) as r:
-            if r.status_code != 200:
-                raise Failure(f"http_{r.status_code}", (await r.aread()).decode(errors="replace")[:200])
-            status = r.headers.get("x-semserve-cache", "?")
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    done = True
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    raise Failure("stream_error", data[:200])
-                if event.get("usage"):
-                    tokens = event["usage"].get("completion_tokens")
-                for choice in event.get("choices", []):
-                    piece = choice.get("delta", {}).get("content") if chat else choice.get("text")
-                    if piece:
-                        parts.append(piece)
-                    finish = choice.get("finish_reason") or finish
-        if not done:
-            raise Failure("stream_truncated", "no [DONE]")
-        if finish is None:
-            raise Failure("stream_truncated", "no chunk carried a finish_reason")
-        return Served(status, "".join(parts), finish, tokens)
 
 
 async def soak(
@@ -597,30 +323,12 @@ def parse_duration(text: str) -> float:
     return float(text)
 
 
-def _wait_http(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout_s}s")
-
 
 def main(args: argparse.Namespace) -> int:
-    from bench.cache import Proc
-    from semserve.loadbalancer import Backend, Frontend, LoadBalancer
-    from semserve.tooling.local_redis import RedisServer
-    from transformers_svc.auth import hash_key
-
     duration = parse_duration(args.duration)
     keys = dict(kv.split("=", 1) for kv in args.api_key)
     pids = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.pid)}
-    procs: list[Proc] = []
-    redis: RedisServer | None = None
-    lb: LoadBalancer | None = None
+    stack = LocalStack()
     try:
         if args.transformer or args.predictor_log:
             if not (args.transformer and args.transformer_grpc and args.predictor_log):
@@ -628,62 +336,13 @@ def main(args: argparse.Namespace) -> int:
             t = Endpoint(args.transformer.rstrip("/"), args.transformer_grpc)
             predictor_log = Path(args.predictor_log)
         else:
-            from semserve import model_prep
-
-            LOG_DIR.mkdir(parents=True, exist_ok=True)
-            work = Path(tempfile.mkdtemp(prefix="soak-", dir=LOG_DIR))
-            keys = {f"tenant{i}": f"soak-key-{i}-{random.randrange(10**9)}" for i in range(args.tenants)}
-            (work / "keys.json").write_text(json.dumps({t: [hash_key(k)] for t, k in keys.items()}))
-            redis = RedisServer(_free_port(), data_dir=work / "redis").start()
-            p_http, p_grpc, t_http, t_grpc = (_free_port() for _ in range(4))
-            predictor_log = LOG_DIR / "soak-predictor.log"
-            model_dir = Path(args.model) if args.model else model_prep.prepare().model_dir
-            pred = Proc(
-                "predictor",
-                ["predictor", "--model", str(model_dir), "--http-port", str(p_http),
-                 "--grpc-port", str(p_grpc), "--max-num-seqs", str(max(32, args.concurrency)),
-                 # Info: its `generation_finished` lines are what every answer is checked against.
-                 "--max-model-len", "2048", "--log-level", "info"],
-                f"http://127.0.0.1:{p_http}/v2/health/ready", predictor_log,
-            )
-            procs.append(pred.start())
-            pred.wait_ready()
-            # One transformer on t_http/t_grpc, or --transformers N replicas behind nginx there.
-            n = max(1, args.transformers)
-            ports = [(t_http, t_grpc)] if n == 1 else [(_free_port(), _free_port()) for _ in range(n)]
-            replicas = [
-                Proc(
-                    "transformer" if n == 1 else f"transformer-{i}",
-                    ["transformer", "--http-port", str(http), "--grpc-port", str(grpc),
-                     "--predictor-host", f"127.0.0.1:{p_grpc}",
-                     "--cache-redis-url", redis.url, "--cache-deployment", "soak",
-                     "--api-keys-file", str(work / "keys.json"), "--log-level", "warning"],
-                    f"http://127.0.0.1:{http}/v2/health/ready",
-                    LOG_DIR / ("soak-transformer.log" if n == 1 else f"soak-transformer-{i}.log"),
-                )
-                for i, (http, grpc) in enumerate(ports)
-            ]
-            for proc in replicas:  # all at once, as pods of one deployment start
-                procs.append(proc.start())
-            for proc in replicas:
-                proc.wait_ready(300)
-            if n > 1:
-                lb = LoadBalancer(Frontend(t_http, t_grpc, work / "nginx"),
-                                  [Backend(http, grpc) for http, grpc in ports]).start()
-                _wait_http(f"http://127.0.0.1:{t_http}/v2/health/ready", 30)
-            t = Endpoint(f"http://127.0.0.1:{t_http}", f"127.0.0.1:{t_grpc}")
-            assert pred.proc is not None and redis.process is not None
-            pids = {"predictor": pred.proc.pid, "redis": redis.process.pid}
-            pids.update({p.name: p.proc.pid for p in replicas if p.proc is not None})
+            stack.start(args.model, args.tenants, args.concurrency, args.transformers)
+            assert stack.endpoint is not None and stack.predictor_log is not None
+            t, predictor_log, keys, pids = stack.endpoint, stack.predictor_log, stack.keys, stack.pids
         report = asyncio.run(soak(t, duration, args.concurrency, predictor_log, keys or None, pids,
                                   window_s=args.window, seed=args.seed))
     finally:
-        if lb is not None:
-            lb.stop()
-        for proc in reversed(procs):
-            proc.stop()
-        if redis is not None:
-            redis.stop()
+        stack.stop()
     text = summary(report)
     print()
     print(text)

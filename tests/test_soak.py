@@ -10,7 +10,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from bench.soak import Endpoint, Generation, Sent, Served, read_generations, soak, summary, verify
+from bench.soak import Endpoint, soak, summary
+from bench.soak_verify import Generation, Sent, Served, read_generations, verify
 from tests.conftest import Predictor, start_transformer
 from transformers_svc.auth import hash_key
 

@@ -11,21 +11,22 @@ from tests.support import ROOT
 
 
 def test_synthetic_entry_ids_are_the_real_exact_keys() -> None:
-    from bench.scale import _exact_id, _fp, server_request
+    from bench.scale_entries import exact_id, request_fingerprint, server_request
     from cache import keys
     from cache.schema import IndexSchema
 
     req = server_request("  Synthetic prompt number 7 ", "tenant-3")
-    assert _exact_id("tenant-3", _fp(IndexSchema("bench_scale")), req.prompt) == keys.exact_key(req)
+    assert exact_id("tenant-3", request_fingerprint(IndexSchema("bench_scale")),
+                    req.prompt) == keys.exact_key(req)
 
 
 def test_synthetic_entries_carry_the_real_scope_tag() -> None:
-    from bench.scale import _fp, server_request
+    from bench.scale_entries import request_fingerprint, server_request
     from cache import keys
     from cache.schema import IndexSchema
 
     req = server_request("synthetic prompt number 7", "tenant-3")
-    fp = _fp(IndexSchema("bench_scale"))
+    fp = request_fingerprint(IndexSchema("bench_scale"))
     assert keys.scope_tag_from_fingerprint("tenant-3", fp) == keys.scope_tag(req)
 
 
