@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pred.add_argument("--model", default=None, help="HF model dir (default: the prepared SmolLM2)")
     pred.add_argument("--output", default=None, help="append the markdown table to this file")
     pred.add_argument("--profile", default=None, help="write the engine profile JSON for simulate")
-    pred.set_defaults(func=_predictor)
+    pred.set_defaults(func=_main_of("predictor"))
 
     cache = bench_sub.add_parser(
         "cache",
@@ -38,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     cache.add_argument("--seed", type=int, default=0, help="random seed (prompt order, miss prompts)")
     cache.add_argument("--output", default=None, help="append the markdown section to this file")
-    cache.set_defaults(func=_cache)
+    cache.set_defaults(func=_main_of("cache"))
 
     soak = bench_sub.add_parser(
         "soak",
@@ -65,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     soak.add_argument("--pid", action="append", default=[], metavar="NAME=PID",
                       help="with --transformer: a server process to watch (repeatable)")
     soak.add_argument("--output", default=None, help="append the summary to this file")
-    soak.set_defaults(func=_soak)
+    soak.set_defaults(func=_main_of("soak"))
 
     stream = bench_sub.add_parser(
         "stream",
@@ -80,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     stream.add_argument("--skip-vllm", action="store_true", help="no vLLM server part")
     stream.add_argument("--seed", type=int, default=0, help="random seed (miss prompts)")
     stream.add_argument("--output", default=None, help="append the markdown section to this file")
-    stream.set_defaults(func=_stream)
+    stream.set_defaults(func=_main_of("stream"))
 
     from bench import coldstart
 
@@ -90,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a bare KServe server and vLLM's own server",
     )
     coldstart.add_arguments(cold)
-    cold.set_defaults(func=_coldstart)
+    cold.set_defaults(func=_main_of("coldstart"))
 
     from bench import scale
 
@@ -100,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and index build time at N synthetic entries over T tenants",
     )
     scale.add_arguments(scale_p)
-    scale_p.set_defaults(func=_scale)
+    scale_p.set_defaults(func=_main_of("scale"))
 
     from bench import determinism
 
@@ -109,46 +111,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="temperature-0 answers solo vs inside a batch, prefix caching on and off (counts that differ)",
     )
     determinism.add_arguments(det)
-    det.set_defaults(func=_determinism, worker=False, prefix_caching="on")
+    det.set_defaults(func=_main_of("determinism"), worker=False, prefix_caching="on")
 
 
-def _predictor(args: argparse.Namespace) -> int:
-    from bench.predictor import main
+def _main_of(module: str) -> Callable[[argparse.Namespace], int]:
+    """`bench.<module>.main`, imported only when that bench runs (each pulls in heavy libraries)."""
 
-    return main(args)
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(f"bench.{module}").main(args)
 
-
-def _cache(args: argparse.Namespace) -> int:
-    from bench.cache import main
-
-    return main(args)
-
-
-def _stream(args: argparse.Namespace) -> int:
-    from bench.stream import main
-
-    return main(args)
-
-
-def _soak(args: argparse.Namespace) -> int:
-    from bench.soak import main
-
-    return main(args)
-
-
-def _coldstart(args: argparse.Namespace) -> int:
-    from bench.coldstart import main
-
-    return main(args)
-
-
-def _scale(args: argparse.Namespace) -> int:
-    from bench.scale import main
-
-    return main(args)
-
-
-def _determinism(args: argparse.Namespace) -> int:
-    from bench.determinism import main
-
-    return main(args)
+    return run
