@@ -2,7 +2,7 @@
 
 Other modules add subcommands under `semserve cache` with `cache_subparsers(sub)`:
 
-    # semserve/tooling/cache_eval.py, listed in semserve.cli.COMMAND_MODULES
+    # semserve/tooling/cache_eval_cli.py, listed in semserve.cli.COMMAND_MODULES
     def register(sub):
         p = cache_subparsers(sub).add_parser("eval", help="...")
         p.set_defaults(func=_eval)

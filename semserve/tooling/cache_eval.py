@@ -13,24 +13,16 @@ Paths:
   evaluate_through_cache(pairs, make_cache)        the real SemanticCache over Redis: store a's answer
                                                    under a fresh tenant, look b up
 
-    semserve cache eval [--split test|calib|train|eval|tune ...] [--pairs FILE] [--json] [--plot PNG]
-                        [--cache-max-wrong-rate R] [--mistakes]
+  evaluate_through_private_redis(...)              the same on a throw-away Redis (bundled server)
 
-Default splits: `test` (the held-out split of the project's pair set,
-semserve/tooling/pair_generation.py; never used to choose anything) and `eval`
-(cache/data/eval_pairs.jsonl, the older hand-written set). The tables put, on the same embeddings:
-the verifier as configured (the learned scorer at the operating point
-`--cache-max-wrong-rate` picks), the rules alone, plain cosine 0.80 (GPTCache's default) and cosine
-0.90 (= RedisVL SemanticCache's default distance_threshold 0.1), overall and per category.
-`--plot PATH` draws precision vs hit ratio for the scorer and plain cosine, the chosen point marked.
+The command line is semserve/tooling/cache_eval_cli.py (`semserve cache eval`), its tables
+semserve/tooling/cache_eval_report.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -289,191 +281,7 @@ async def evaluate_through_cache(
     return summarize(name, outs)
 
 
-# ---------------------------------------------------------------------------------------------
-# Printing and the command line
-
-
-def _pct(x: float | None) -> str:
-    return "   -  " if x is None else f"{100 * x:5.1f}%"
-
-
-def format_reports(title: str, reports: Sequence[Report], per_category: Report | None = None) -> str:
-    lines = [
-        title,
-        f"  {'method':<16} {'served_same':>11} {'wrong_served':>12} {'precision':>9}   n_same/n_diff",
-    ]
-    for r in reports:
-        o = r.overall
-        goal = "  goal met" if r.meets_goal else ""
-        lines.append(
-            f"  {r.name:<16} {_pct(o.served_same_rate):>11} {_pct(o.wrong_served_rate):>12} "
-            f"{_pct(o.precision):>9}   {o.n_same}/{o.n_diff}{goal}"
-        )
-    if per_category is not None:
-        lines.append(f"  per category ({per_category.name}):")
-        lines.append(f"    {'category':<20} {'n':>4} {'served_same':>11} {'wrong_served':>12}")
-        for cat, f in sorted(per_category.per_category.items()):
-            lines.append(
-                f"    {cat:<20} {f.n_same + f.n_diff:>4} {_pct(f.served_same_rate):>11} "
-                f"{_pct(f.wrong_served_rate):>12}"
-            )
-    return "\n".join(lines)
-
-
-def format_categories(reports: Sequence[Report]) -> str:
-    """Per category, one column per method: served share of same-answer categories, wrong-served
-    share of look-alike categories (a category of the older sets may hold both)."""
-    cats = sorted({c for r in reports for c in r.per_category})
-    head = f"    {'category':<20} {'n':>4}  " + " ".join(f"{r.name[:14]:>14}" for r in reports)
-    lines = ["  per category (same-answer: served; look-alike: WRONG served):", head]
-    for cat in cats:
-        first = reports[0].per_category.get(cat, Figures())
-        cells = []
-        for r in reports:
-            f = r.per_category.get(cat, Figures())
-            parts = []
-            if f.n_same:
-                parts.append(_pct(f.served_same_rate).strip())
-            if f.n_diff:
-                parts.append("W" + _pct(f.wrong_served_rate).strip())
-            cells.append(f"{'/'.join(parts):>14}")
-        lines.append(f"    {cat:<20} {first.n_same + first.n_diff:>4}  " + " ".join(cells))
-    return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from cache.embedder import EmbedderSettings
-    from cache.settings import CacheSettings
-    from cache.verify import VerifierSettings
-
-    parser.add_argument(
-        "--split",
-        choices=(*SPLITS, "both"),
-        action="append",
-        default=None,
-        help=f"labelled split (repeatable; default: {' and '.join(DEFAULT_SPLITS)}; both = eval and tune)",
-    )
-    parser.add_argument("--pairs", type=Path, action="append", default=None, help="a JSONL file (repeatable)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    parser.add_argument("--per-category", action="store_true", help="(always on; kept for old scripts)")
-    parser.add_argument("--mistakes", action="store_true", help="list the pairs the verifier got wrong")
-    parser.add_argument("--outcomes", action="store_true", help="with --json: every pair's decision")
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        default=None,
-        metavar="PNG",
-        help="write a precision vs hit ratio curve of the first split, the operating point marked",
-    )
-    parser.add_argument(
-        "--knn-floor", type=float, default=None, help="KNN floor (default: --cache-min-similarity)"
-    )
-    parser.add_argument(
-        "--through-cache",
-        action="store_true",
-        help="also run every pair through the real SemanticCache on a private, temporary Redis",
-    )
-    CacheSettings.add_arguments(parser, flag_prefix="cache-", only=("max_wrong_rate", "min_similarity"))
-    EmbedderSettings.add_arguments(parser)
-    VerifierSettings.add_arguments(parser)
-
-
-def _files(args: argparse.Namespace) -> list[tuple[str, Path]]:
-    if args.pairs:
-        return [(p.stem, p) for p in args.pairs]
-    names: list[str] = []
-    for s in args.split or DEFAULT_SPLITS:
-        for n in ("eval", "tune") if s == "both" else (s,):
-            if n not in names:
-                names.append(n)
-    return [(n, SPLITS[n]) for n in names]
-
-
-def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from cache.embedder import Embedder, EmbedderSettings
-    from cache.settings import CacheSettings
-    from cache.verify import RuleVerifier, VerifierSettings
-
-    cache_settings = CacheSettings.from_namespace(args, flag_prefix="cache-")
-    verifier_settings = VerifierSettings.from_namespace(args)
-    embedder = Embedder(EmbedderSettings.from_namespace(args))
-    knn_floor = args.knn_floor if args.knn_floor is not None else cache_settings.min_similarity
-    verifier = RuleVerifier(
-        verifier_settings, max_wrong_rate=cache_settings.max_wrong_rate, min_similarity=knn_floor
-    )
-    rules_only = (
-        RuleVerifier(dataclasses.replace(verifier_settings, mode="rules"), min_similarity=knn_floor)
-        if verifier_settings.mode != "rules"
-        else None
-    )
-    doc: dict[str, Any] = {
-        "embedder_backend": embedder.backend,
-        "mode": verifier_settings.mode,
-        "max_wrong_rate": cache_settings.max_wrong_rate,
-        "threshold": verifier.threshold if verifier.scorer is not None else None,
-        "splits": {},
-    }
-    text: list[str] = []
-    ok = True
-    for n, (name, path) in enumerate(_files(args)):
-        pairs = load_pairs(path)
-        sims = pair_similarities(pairs, embedder)
-        main = evaluate_offline(pairs, verifier=verifier, similarities=sims, knn_floor=knn_floor)
-        reports = [main]
-        if rules_only is not None:
-            rules = evaluate_offline(pairs, verifier=rules_only, similarities=sims, knn_floor=knn_floor)
-            reports.append(dataclasses.replace(rules, name="rules-only"))
-        reports += [evaluate_threshold(pairs, sims, t) for t in BASELINE_THRESHOLDS]
-        if args.through_cache:
-            budget = cache_settings.max_wrong_rate
-            reports.append(_run_through_private_redis(pairs, embedder, verifier, knn_floor, budget))
-        ok = ok and main.meets_goal
-        doc["splits"][name] = {r.name: r.as_dict(with_outcomes=args.outcomes and r is main) for r in reports}
-        text.append(format_reports(f"{name}: {path.name} ({len(pairs)} pairs)", reports))
-        text.append(format_categories(reports))
-        if args.mistakes:
-            text.append(
-                "\n".join(
-                    f"    {'WRONG SERVE' if o.served else 'missed':<11} [{o.pair.category}] {o.rule} "
-                    f"{o.score:.3f}: {o.pair.a!r} / {o.pair.b!r} ({o.detail})"
-                    for o in main.mistakes()
-                )
-            )
-        if args.plot is not None and n == 0 and verifier.scorer is not None:
-            from semserve.tooling.cache_eval_plot import plot_curves
-
-            scores = [
-                verifier.probability(p.b, p.a, float(s)) if s >= knn_floor else 0.0
-                for p, s in zip(pairs, sims, strict=True)
-            ]
-            plot_curves(
-                args.plot,
-                f"{name}: {path.name}",
-                [p.same_answer for p in pairs],
-                scores,
-                [float(s) for s in sims],
-                verifier.threshold,
-                cache_settings.max_wrong_rate,
-            )
-            doc["plot"] = str(args.plot)
-            text.append(f"  curve: {args.plot}")
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        point = f"threshold {verifier.threshold:.3f} " if verifier.scorer is not None else ""
-        print(
-            f"embedder backend: {embedder.backend}; verifier: {verifier_settings.mode} {point}"
-            f"(max wrong rate {cache_settings.max_wrong_rate:.1%}); goal: wrong_served <= "
-            f"{GOAL_MAX_WRONG:.0%}, served_same >= {GOAL_MIN_SERVED:.0%}; cosine>=0.90 is RedisVL "
-            f"SemanticCache's default (distance_threshold 0.1)"
-        )
-        print("\n\n".join(text))
-    return 0 if ok else 1
-
-
-def _run_through_private_redis(
+def evaluate_through_private_redis(
     pairs: Sequence[Pair], embedder: Any, verifier: Verifier, knn_floor: float, max_wrong_rate: float = 0.01
 ) -> Report:
     """Start a throw-away Redis (the bundled server), run evaluate_through_cache, stop it."""
@@ -507,29 +315,6 @@ def _run_through_private_redis(
             server.stop()
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """`semserve cache eval`, for semserve.cli.COMMAND_MODULES."""
-    from cache.cli import cache_subparsers
-
-    p = cache_subparsers(sub).add_parser(
-        "eval", help="hit rate and wrong-serve rate on labelled prompt pairs"
-    )
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m semserve.tooling.cache_eval", description=__doc__.splitlines()[0]
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 __all__ = [
     "Outcome",
     "Pair",
@@ -538,6 +323,7 @@ __all__ = [
     "evaluate_offline",
     "evaluate_threshold",
     "evaluate_through_cache",
+    "evaluate_through_private_redis",
     "load_pairs",
     "pair_similarities",
     "summarize",

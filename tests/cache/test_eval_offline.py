@@ -22,9 +22,9 @@ from semserve.tooling.cache_eval import (
     evaluate_threshold,
     evaluate_through_cache,
     load_pairs,
-    main,
     pair_similarities,
 )
+from semserve.tooling.cache_eval_cli import main
 from semserve.tooling.local_redis import RedisServer
 
 # (pair, expected rule). Served exactly when same_answer: every one is decided right today.

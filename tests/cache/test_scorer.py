@@ -18,7 +18,8 @@ from cache.scorer import PairScorer, calibration_curve, default_scorer
 from cache.settings import CacheSettings
 from cache.verify import RuleVerifier, VerifierSettings
 from semserve.tooling import pair_generation
-from semserve.tooling.cache_eval import SPLITS, load_pairs, main
+from semserve.tooling.cache_eval import SPLITS, load_pairs
+from semserve.tooling.cache_eval_cli import main
 
 KNN_FLOOR = CacheSettings().min_similarity
 
