@@ -10,21 +10,10 @@ served. Candidates under `min_similarity` are not even verified.
 Fail open: each Redis round trip of a lookup runs under `lookup_timeout_ms`, the embedding under
 `embed_timeout_ms`, every store under `store_timeout_ms`.
 A Redis error or timeout makes the lookup return status "error" (the caller goes
-to the predictor), bumps a counter, and marks the cache degraded with ONE log line. While degraded,
-requests skip Redis entirely and one probe is let through every `degraded_retry_s`; the first
-success logs the recovery and recreates the index if Redis came back empty.
+to the predictor); cache/health.py decides when Redis is out of the path and when it is probed again.
 
-Single flight (`run_once`): concurrent identical misses in this process (same exact key) call
-`produce` once; the others wait up to `singleflight_wait_s` for its answer. Decisions:
-- if the leader's `produce` raises, the waiters get the same exception: it is the same request, so
-  the same failure is the likely outcome, and N retries would hit a predictor that is already
-  failing. The client may retry.
-- if the leader is cancelled (its client went away), the waiters are not: they form a new flight,
-  one of them becomes the leader.
-- a waiter whose wait runs out calls its own `produce` (bounded wait, never a hang).
-Across replicas (cache/lease.py, `singleflight_replicas`): this process's leader of a key first
-takes a lease in Redis; when another replica holds it, it waits for that replica's stored answer
-and serves it. Only flights whose answer would be stored take part.
+Single flight (`run_once`, cache/single_flight.py): concurrent identical misses share one `produce`,
+in this process and, through a lease in Redis (cache/lease.py), across replicas.
 
 Tracing (OpenTelemetry API only, through semserve.tracing; no-ops unless the request is traced):
 `semserve.cache.lookup` with children HMGET (exact), `semserve.cache.embed`, FT.SEARCH (KNN) and
@@ -38,79 +27,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
-from redis.exceptions import BusyLoadingError, RedisError, ResponseError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError, ResponseError
 
 from cache import keys
 from cache.answer import Payload
+from cache.counters import CacheCounters
 from cache.epoch import SharedEpoch
+from cache.health import UNREACHABLE, RedisHealth
 from cache.interfaces import Embedder, Verdict, Verifier
 from cache.keys import CacheRequest
 from cache.lease import Claim, ReplicaFlights
+from cache.lookup_result import LookupResult
+from cache.redis_spans import RedisSpans
 from cache.settings import CacheSettings
+from cache.single_flight import SingleFlight
 from cache.store import RedisCacheStore, is_missing_index
 from semserve import tracing
 from semserve.logs import get_logger
 
 log = get_logger("cache.policy")
 
-Status = Literal["exact", "semantic", "miss", "bypass", "error"]
 T = TypeVar("T")
-
-# Redis unreachable or not serving: these trip the degraded state. Other ResponseErrors (e.g. OOM
-# on a write) mean Redis answers; they are counted and logged but do not stop lookups.
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError, TimeoutError)
-
-
-@dataclass
-class LookupResult:
-    status: Status
-    answer: Payload | None = None
-    similarity: float | None = None  # of the served entry; on a miss, of the best candidate seen
-    verdict: Verdict | None = None  # the accepting verdict; on a miss, the best candidate's rejection
-    entry_id: str | None = None
-    cached_prompt: str | None = None  # the stored prompt of the served entry
-    candidates: int = 0  # KNN results at or above min_similarity
-    timings: dict[str, float] = field(default_factory=dict)  # ms: exact, embed, search, verify, total
-    error: str | None = None  # why, when status == "error"
-    # The embedding computed during the lookup: pass it to store()/run_once() to avoid a second one.
-    vector: np.ndarray | None = field(default=None, repr=False)
-
-    @property
-    def hit(self) -> bool:
-        return self.status in ("exact", "semantic")
-
-
-@dataclass
-class CacheCounters:
-    """Plain counters; the transformer exports them (e.g. a Prometheus collector reading them)."""
-
-    lookups: Counter[str] = field(default_factory=Counter)  # by status
-    redis_errors: int = 0  # failed or timed-out Redis calls
-    embed_errors: int = 0
-    timeouts: int = 0  # lookups/stores that ran out of their budget (any phase)
-    skipped_degraded: int = 0  # lookups/stores that did not try Redis because it is degraded
-    stores: int = 0
-    store_errors: int = 0
-    index_created: int = 0
-    verifier_rejections: int = 0
-    verifier_errors: int = 0
-    internal_errors: int = 0  # bugs or corrupt entries, turned into status "error"
-    singleflight_leaders: int = 0
-    singleflight_joined: int = 0
-    singleflight_wait_timeouts: int = 0
-    degraded: bool = False
-
-
-class _LeaderCancelled(Exception):
-    pass
 
 
 class _Phase:
@@ -136,11 +77,10 @@ class SemanticCache:
         self.verifier = verifier
         self.settings = settings
         self.counters = CacheCounters()
-        self._probe_at = 0.0
-        self._timeouts_in_a_row = 0
         self._failing: dict[str, str] = {}  # component -> last error, for one log line per change
-        self._flights: dict[str, asyncio.Future[Any]] = {}
-        self._db_attrs = _redis_attributes(store)
+        self.health = RedisHealth(self.counters, settings, self._fail, self._recovered)
+        self.single_flight = SingleFlight(self.counters, settings)
+        self._redis_span = RedisSpans(store)
         client = getattr(store, "client", None)  # test doubles may have no Redis
         self.replica_flights = (
             ReplicaFlights(client, store.schema.index_name, lease_ms=settings.singleflight_lease_ms,
@@ -154,10 +94,6 @@ class SemanticCache:
             if client is not None else None
         )  # fmt: skip
 
-    def _redis_span(self, operation: str, target: str | None = None) -> Any:
-        name = f"{operation} {target}" if target else operation
-        return tracing.span(name, tracing.SpanKind.CLIENT, db__operation__name=operation, **self._db_attrs)
-
     @property
     def entries(self) -> RedisCacheStore:
         """The Redis store of this cache's entries, for what works on entries rather than on one
@@ -167,6 +103,11 @@ class SemanticCache:
     @property
     def degraded(self) -> bool:
         return self.counters.degraded
+
+    @property
+    def _flights(self) -> dict[str, asyncio.Future[Any]]:
+        """The open flights of this process, by exact key (empty when no request is generating)."""
+        return self.single_flight.flights
 
     # -- health ------------------------------------------------------------------------------------
 
@@ -180,44 +121,17 @@ class SemanticCache:
         if self._failing.pop(component, None) is not None:
             log.info("cache_recovered", component=component)
 
-    def _redis_down(self, exc: BaseException | str, timeout: bool = False) -> None:
-        self.counters.redis_errors += 1
-        if timeout:
-            # One slow round trip may be this process starved of CPU, not Redis: only consecutive
-            # timeouts take Redis out of the path. Refused connections do at once.
-            self._timeouts_in_a_row += 1
-            if self._timeouts_in_a_row < self.settings.degrade_after_timeouts:
-                return
-        self.counters.degraded = True
-        self._probe_at = time.monotonic() + self.settings.degraded_retry_s
-        self._fail("redis", exc)
-
-    def _redis_allowed(self) -> bool:
-        if not self.counters.degraded:
-            return True
-        now = time.monotonic()
-        if now >= self._probe_at:
-            self._probe_at = now + self.settings.degraded_retry_s  # one probe per interval
-            return True
-        self.counters.skipped_degraded += 1
-        return False
-
     async def _redis_up(self) -> None:
-        self._timeouts_in_a_row = 0
-        if not self.counters.degraded:
-            return
-        self.counters.degraded = False
-        self._recovered("redis")
-        # Redis may be a fresh, empty instance now.
-        await self.ensure_index()
+        if self.health.up():
+            await self.ensure_index()  # Redis may be a fresh, empty instance now.
 
     async def ensure_index(self) -> bool:
         """Create the index if missing. Never raises for Redis failures (returns False)."""
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000.0):
                 created = await self._entries.ensure_index()
-        except (RedisError, *_UNREACHABLE) as e:
-            self._redis_down(e)
+        except (RedisError, *UNREACHABLE) as e:
+            self.health.down(e)
             return False
         if created:
             self.counters.index_created += 1
@@ -292,7 +206,7 @@ class SemanticCache:
         t0 = time.perf_counter()
         if self._skip(req):
             return self._finish(LookupResult("bypass"), t0)
-        if not self._redis_allowed():
+        if not self.health.allowed():
             return self._finish(LookupResult("error", error="degraded"), t0)
         res = LookupResult("miss")
         phase = _Phase()
@@ -305,17 +219,10 @@ class SemanticCache:
                 self.counters.embed_errors += 1
                 self._fail("embedder", res.error)
             else:
-                self._redis_down(res.error, timeout=True)
-        except RedisError as e:
+                self.health.down(res.error, timeout=True)
+        except (RedisError, OSError) as e:
             res = LookupResult("error", timings=res.timings, error=f"{type(e).__name__} in {phase.name}")
-            if isinstance(e, _UNREACHABLE):
-                self._redis_down(e)
-            else:
-                self.counters.redis_errors += 1
-                self._fail("redis_command", e)
-        except OSError as e:
-            res = LookupResult("error", timings=res.timings, error=f"{type(e).__name__} in {phase.name}")
-            self._redis_down(e)
+            self.health.failed(e)
         except _EmbedError as e:
             res = LookupResult("error", timings=res.timings, error=f"embedder: {e.__cause__!r}")
             self.counters.embed_errors += 1
@@ -437,7 +344,7 @@ class SemanticCache:
         req = self._scoped(req)
         if self._skip(req):
             return False
-        if not self._redis_allowed():
+        if not self.health.allowed():
             return False
         with tracing.span("semserve.cache.store", semserve__cache__kind=req.kind) as span:
             stored = await self._store(req, answer, vector)
@@ -467,7 +374,7 @@ class SemanticCache:
                 self.counters.embed_errors += 1
                 self._fail("embedder", "timeout")
             else:
-                self._redis_down(f"timeout in store {phase.name}", timeout=True)
+                self.health.down(f"timeout in store {phase.name}", timeout=True)
             return False
         except _EmbedError as e:
             self.counters.embed_errors += 1
@@ -476,11 +383,7 @@ class SemanticCache:
             return False
         except (RedisError, OSError) as e:
             self.counters.store_errors += 1
-            if isinstance(e, _UNREACHABLE):
-                self._redis_down(e)
-            else:
-                self.counters.redis_errors += 1
-                self._fail("redis_command", e)
+            self.health.failed(e)
             return False
         except Exception as e:
             # Not JSON-able answer, wrong vector size, a bug: the request must still succeed.
@@ -517,53 +420,14 @@ class SemanticCache:
         req = self._scoped(req)
         if self._skip(req):
             return await produce()
-        key = keys.exact_key(req, self._entries.schema.version)
-        while True:
-            fut = self._flights.get(key)
-            if fut is None:
-                break
-            self.counters.singleflight_joined += 1
-            with tracing.span("semserve.cache.singleflight.wait") as span:
-                try:
-                    answer = await asyncio.wait_for(asyncio.shield(fut), self.settings.singleflight_wait_s)
-                    span.set_attribute("semserve.cache.singleflight.outcome", "shared")
-                    return answer
-                except TimeoutError:
-                    self.counters.singleflight_wait_timeouts += 1
-                    span.set_attribute("semserve.cache.singleflight.outcome", "timeout")
-                except _LeaderCancelled:
-                    span.set_attribute("semserve.cache.singleflight.outcome", "leader_cancelled")
-                    continue
-            # Out of the wait span: the request's own predictor call is not part of the wait.
-            return await produce()
-
-        self.counters.singleflight_leaders += 1
-        fut = asyncio.get_running_loop().create_future()
-        # Nobody may be waiting: do not let asyncio log "exception never retrieved".
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._flights[key] = fut
-        claim = Claim("alone")
-        try:
-            try:
-                # Inside the flight's try: a leader cancelled while it claims still resolves the flight.
-                if store and replicas:
-                    claim = await self.claim_replicas(req)
-                shared = await self.peer_answer(req) if claim.role == "answered" else None
-                answer = shared if shared is not None else await produce()
-            except asyncio.CancelledError:
-                fut.set_exception(_LeaderCancelled())
-                raise
-            except BaseException as e:
-                fut.set_exception(e)
-                raise
-            fut.set_result(answer)  # release the waiters before the store round trip
-            if shared is None and store and (should_store is None or should_store(answer)):
-                await claim.release(await self.store(req, answer, vector))  # type: ignore[arg-type]
-            return answer
-        finally:
-            await claim.release(False)  # not stored (or already released): one waiter takes over
-            if self._flights.get(key) is fut:
-                del self._flights[key]
+        return await self.single_flight.run(
+            keys.exact_key(req, self._entries.schema.version),
+            produce,
+            claim=(lambda: self.claim_replicas(req)) if store and replicas else None,
+            peer_answer=lambda: self.peer_answer(req),
+            store=(lambda answer: self.store(req, answer, vector)) if store else None,  # type: ignore[arg-type]
+            should_store=should_store,
+        )
 
     async def claim_replicas(self, req: CacheRequest) -> Claim:
         """The cross-replica lease of `req` (cache/lease.py): lead, read a peer's stored answer, or
@@ -585,24 +449,9 @@ class SemanticCache:
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000.0):
                 hit = await self._entries.get_exact(self._scoped(req))
-        except (RedisError, *_UNREACHABLE):
+        except (RedisError, *UNREACHABLE):
             return None
         return hit.answer if hit is not None else None
-
-
-def _redis_attributes(store: RedisCacheStore) -> dict[str, Any]:
-    """DB semantic-convention attributes of the store's Redis (test doubles may have none)."""
-    pool = getattr(getattr(store, "client", None), "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", {})
-    attrs: dict[str, Any] = {"db__system__name": "redis", "db__system": "redis"}
-    if isinstance(kwargs, dict):
-        if kwargs.get("host"):
-            attrs["server__address"] = str(kwargs["host"])
-        if kwargs.get("port"):
-            attrs["server__port"] = int(kwargs["port"])
-        if kwargs.get("db") is not None:
-            attrs["db__namespace"] = str(kwargs["db"])
-    return attrs
 
 
 class _EmbedError(Exception):
