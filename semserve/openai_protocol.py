@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 from openai.types.chat.chat_completion import Choice as ChatChoice
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from semserve.errors import BadRequest
 from semserve.sampling import SamplingOptions, parse_sampling
@@ -40,7 +40,43 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _SamplingFields(BaseModel):
+class _Encodable(BaseModel):
+    """A request the services can write out again as JSON (to the predictor, to logs): JSON may carry
+    lone surrogates (a "\\ud800" escape) anywhere, in unknown fields and free-form objects too, which UTF-8
+    cannot encode; such a request is a 400 here rather than a failure when it is sent on."""
+
+    @model_validator(mode="after")
+    def _writable_as_json(self) -> _Encodable:
+        try:
+            self.model_dump_json()
+        except ValueError as exc:  # UnicodeEncodeError, PydanticSerializationError
+            where = _not_utf8(self.model_dump()) or "the request"
+            raise ValueError(f"{where} is not valid UTF-8 (a lone surrogate)") from exc
+        return self
+
+
+def _not_utf8(value: Any, path: str = "") -> str | None:
+    """The path of the first string (or key) in `value` that UTF-8 cannot encode, e.g.
+    "messages[0].content"; None when there is none."""
+    if isinstance(value, str):
+        return None if _utf8(value) else path or "a value"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and not _utf8(key):
+                return f"a key of {path}" if path else "a field name"
+            found = _not_utf8(item, inner)
+            if found:
+                return found
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _not_utf8(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+class _SamplingFields(_Encodable):
     # Unknown fields are accepted and ignored, as OpenAI-compatible servers do; fields we know but
     # cannot honour are rejected in `unsupported()` so nothing is silently dropped.
     model_config = ConfigDict(extra="allow")
@@ -163,7 +199,7 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class ChatPrompt(BaseModel):
+class ChatPrompt(_Encodable):
     """What shapes a chat prompt: the messages and the fields that the model's chat template takes.
     The OpenAI chat route reads it from the request; v2 clients send it as the JSON of the `chat`
     input (semserve/v2.py), so that the predictor applies the chat template either way."""

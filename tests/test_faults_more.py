@@ -253,7 +253,9 @@ def test_sigterm_under_load_drains(predictor: Predictor, redis_url: str) -> None
             assert r.status_code == 200, r.text
             assert int(output(r, "completion_tokens")) == 100
             assert output(r, "finish_reason") == "length"
-            assert len(str(output(r, "text_output"))) > 100
+            # The text of all 100 tokens: a drain that cut it would leave far less (a token here is
+            # one to a few characters; a degenerate "\nA: " loop is exactly 100).
+            assert len(str(output(r, "text_output"))) >= 80
         assert t.process.proc is not None
         assert t.process.proc.wait(60) == 0
     finally:
