@@ -165,7 +165,9 @@ def test_up_restarts_a_killed_redis_and_keeps_serving(predictor: Predictor, tmp_
         text = out_path.read_text()
         assert "redis exited with" in text and "restart 1" in text
         assert "redis ready again (restart 1)" in text
-        assert "status: redis ready, 1 restart; transformer ready" in text
+        # The status line follows up.json's update (same loop, a moment later): waited for, not raced.
+        status = "status: redis ready, 1 restart; transformer ready"
+        _wait("status line", lambda: status in out_path.read_text(), 30, up, out_path)
         assert _status(log_dir)["transformer"]["restarts"] == 0
         assert httpx.get(f"{base}/v2/health/ready", timeout=5).status_code == 200
         after = httpx.post(f"{base}/openai/v1/chat/completions", json=CHAT, timeout=60)
