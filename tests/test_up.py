@@ -127,24 +127,31 @@ CHAT = {
 }
 
 
-def test_up_restarts_a_killed_redis_and_keeps_serving(predictor: Predictor, tmp_path: Path) -> None:
-    """Redis SIGKILLed under `semserve up`: restarted with a log line and a restart count; the
-    transformer never stops serving (it fails open, then caches again); SIGTERM stops all."""
-    log_dir = tmp_path / "logs"
-    out_path = tmp_path / "up.out"
+def _start_up(
+    predictor: Predictor, tmp_path: Path, *extra: str
+) -> tuple[subprocess.Popen[bytes], str, Path, Path]:
+    """`semserve up` without its own predictor, on free ports; returns the process, the transformer's
+    base URL, the log dir (up.json) and the file its output goes to."""
+    log_dir, out_path = tmp_path / "logs", tmp_path / "up.out"
     http, grpc, redis_port = free_port(), free_port(), free_port()
     argv = [
-        sys.executable, "-m", "semserve", "up", "--without", "predictor",
+        sys.executable, "-m", "semserve", "up", "--without", "predictor", *extra,
         # The suite's predictor stands in for the one `up` would start (one vLLM engine per suite).
         "--predictor-grpc-port", predictor.grpc.rsplit(":", 1)[1],
         "--transformer-http-port", str(http), "--transformer-grpc-port", str(grpc),
         "--redis-port", str(redis_port), "--log-dir", str(log_dir),
-        "--redis-data-dir", str(tmp_path / "redis"), "--ready-timeout-s", "180",
+        "--redis-data-dir", str(tmp_path / "redis"),
     ]  # fmt: skip
     with out_path.open("wb") as out:
         up = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    base = f"http://127.0.0.1:{http}"
+    return up, f"http://127.0.0.1:{http}", log_dir, out_path
+
+
+def test_up_restarts_a_killed_redis_and_keeps_serving(predictor: Predictor, tmp_path: Path) -> None:
+    """Redis SIGKILLed under `semserve up`: restarted with a log line and a restart count; the
+    transformer never stops serving (it fails open, then caches again); SIGTERM stops all."""
+    up, base, log_dir, out_path = _start_up(predictor, tmp_path, "--ready-timeout-s", "180")
     try:
         _wait("banner", lambda: "semserve is up." in out_path.read_text(), 240, up, out_path)
         first = httpx.post(f"{base}/openai/v1/chat/completions", json=CHAT, timeout=120)
@@ -213,20 +220,10 @@ def test_up_runs_three_replicas_behind_nginx(predictor: Predictor, tmp_path: Pat
         nginx_binary()
     except NginxMissing as exc:
         pytest.skip(str(exc))
-    log_dir, out_path = tmp_path / "logs", tmp_path / "up.out"
-    http, grpc, redis_port = free_port(), free_port(), free_port()
-    argv = [
-        sys.executable, "-m", "semserve", "up", "--without", "predictor", "--transformers", "3",
-        "--replica-base-port", str(_free_pair_base(3)),
-        "--predictor-grpc-port", predictor.grpc.rsplit(":", 1)[1],
-        "--transformer-http-port", str(http), "--transformer-grpc-port", str(grpc),
-        "--redis-port", str(redis_port), "--log-dir", str(log_dir),
-        "--redis-data-dir", str(tmp_path / "redis"), "--ready-timeout-s", "240",
-    ]  # fmt: skip
-    with out_path.open("wb") as out:
-        up = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    base = f"http://127.0.0.1:{http}"
+    up, base, log_dir, out_path = _start_up(
+        predictor, tmp_path, "--transformers", "3", "--replica-base-port", str(_free_pair_base(3)),
+        "--ready-timeout-s", "240",
+    )
     try:
         _wait("banner", lambda: "semserve is up." in out_path.read_text(), 300, up, out_path)
         assert "3 replicas behind nginx" in out_path.read_text()
