@@ -21,26 +21,25 @@ prepared file the first start exports it (needs the `export` extra); without onn
 to `torch` with a warning (same vectors as `onnx`, only slower).
 The files are cache/embedder_export.py's job, the forward passes cache/embedder_backends.py's.
 
-`Embedder.embed` (async) batches concurrent callers into one forward pass: a queue drained by a single
-worker task, which runs the forward in one dedicated thread. While a forward runs, new requests pile up
-and go together in the next one, so a lone request never waits on a timer.
+`Embedder.embed` (async) batches concurrent callers into one forward pass (cache/embed_batcher.py):
+a request that finds the embedder idle starts a forward at once, in one dedicated thread; requests
+arriving while it runs go together in the next one, so a lone request never waits on a timer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cache.embed_batcher import ForwardBatcher
 from cache.embedder_backends import Runner, onnx_runner, torch_runner
 from cache.embedder_export import prepare_onnx
 from cache.settings import EmbedderSettings
@@ -104,12 +103,7 @@ class Embedder:
         # One forward at a time: sessions and modules are shared, and parallel forwards would only
         # fight over the same threads.
         self._forward_lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
-        self._queue: asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]] | None = None
-        self._worker: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.batches = 0  # forward passes run by the async path (for tests and metrics)
-        self.batched_texts = 0
+        self._batcher = ForwardBatcher(self._forward_locked, self.settings.max_batch, self._lru_put)
         log.info(
             "embedder_ready",
             model=str(self.model_path),
@@ -255,63 +249,24 @@ class Embedder:
                     out[i] = v
         return out
 
+    @property
+    def batches(self) -> int:
+        """Forward passes run by the async path (for tests and metrics)."""
+        return self._batcher.batches
+
+    @property
+    def batched_texts(self) -> int:
+        return self._batcher.batched_texts
+
     async def embed(self, text: str) -> np.ndarray:
         """One text -> unit vector (read-only array). Concurrent callers share forward passes."""
         hit = self._lru_get(text)
         if hit is not None:
             return hit
-        queue = self._ensure_worker()
-        fut: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        await queue.put((text, fut))
-        return await fut
-
-    def _ensure_worker(self) -> asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]]:
-        loop = asyncio.get_running_loop()
-        # A new loop (tests, a restarted server) gets a new queue: asyncio queues are loop-bound.
-        if self._queue is None or self._loop is not loop or self._worker is None or self._worker.done():
-            self._loop = loop
-            self._queue = asyncio.Queue()
-            self._worker = loop.create_task(self._work(self._queue), name="embedder-batcher")
-        return self._queue
-
-    async def _work(self, queue: asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]]) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await queue.get()]
-            # Take whatever else is already waiting; never wait for more.
-            while len(batch) < self.settings.max_batch and not queue.empty():
-                batch.append(queue.get_nowait())
-            live = [(t, f) for t, f in batch if not f.done()]  # cancelled callers cost nothing
-            if not live:
-                continue
-            texts = list(dict.fromkeys(t for t, _ in live))
-            try:
-                vecs = await loop.run_in_executor(self._executor, self._forward_locked, texts)
-            except Exception as exc:  # the error belongs to the callers, the worker keeps going
-                for _, f in live:
-                    if not f.done():
-                        f.set_exception(exc)
-                continue
-            self.batches += 1
-            self.batched_texts += len(texts)
-            by_text = {}
-            for t, v in zip(texts, vecs, strict=True):
-                v = v.copy()
-                self._lru_put(t, v)
-                by_text[t] = v
-            for t, f in live:
-                if not f.done():
-                    f.set_result(by_text[t])
+        return await self._batcher.submit(text)
 
     async def aclose(self) -> None:
-        if self._worker is not None and not self._worker.done():
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-        self._worker = None
-        self._executor.shutdown(wait=False)
+        self._batcher.close()
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
