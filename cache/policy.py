@@ -242,24 +242,33 @@ class SemanticCache:
         redis_budget = self.settings.lookup_timeout_ms / 1000.0
         phase.name = "epoch"
         req = await self._read_epoch(req, redis_budget)
-        phase.name = "exact"
-        with self._redis_span("HMGET") as span:
-            async with asyncio.timeout(redis_budget):
-                hit = await self._entries.get_exact(req)
-            span.set_attribute("semserve.cache.exact_hit", hit is not None)
-        res.timings["exact"] = (time.perf_counter() - t) * 1000.0
-        await self._redis_up()
-        if hit is not None:
-            res.status, res.answer, res.similarity = "exact", hit.answer, 1.0
-            res.entry_id, res.cached_prompt = hit.entry_id, hit.prompt
-            return
+        # With embed_during_exact the forward runs while the exact read is on the wire; an exact hit
+        # cancels it (skipped if not started yet; one already running finishes into the LRU).
+        early = None
+        if self.settings.embed_during_exact:
+            early = asyncio.ensure_future(self._traced_embed(req.prompt))
+        try:
+            phase.name = "exact"
+            with self._redis_span("HMGET") as span:
+                async with asyncio.timeout(redis_budget):
+                    hit = await self._entries.get_exact(req)
+                span.set_attribute("semserve.cache.exact_hit", hit is not None)
+            res.timings["exact"] = (time.perf_counter() - t) * 1000.0
+            await self._redis_up()
+            if hit is not None:
+                res.status, res.answer, res.similarity = "exact", hit.answer, 1.0
+                res.entry_id, res.cached_prompt = hit.entry_id, hit.prompt
+                return
 
-        t = time.perf_counter()
-        phase.name = "embed"
-        with tracing.span("semserve.cache.embed"):
+            t = time.perf_counter()
+            phase.name = "embed"
             async with asyncio.timeout(self.settings.embed_timeout_ms / 1000.0):
-                res.vector = await self._embed(req.prompt)
-        res.timings["embed"] = (time.perf_counter() - t) * 1000.0
+                res.vector = await (early if early is not None else self._traced_embed(req.prompt))
+            res.timings["embed"] = (time.perf_counter() - t) * 1000.0
+        finally:
+            if early is not None:  # an exact hit or a Redis error: nobody awaits it any more
+                early.cancel()
+                early.add_done_callback(_consume)
 
         t = time.perf_counter()
         phase.name = "search"
@@ -324,6 +333,10 @@ class SemanticCache:
         if callable(use) and getattr(self.verifier, "max_wrong_rate", None) != budget:
             use(budget)
         self._budget_applied = budget
+
+    async def _traced_embed(self, text: str) -> np.ndarray:
+        with tracing.span("semserve.cache.embed"):
+            return await self._embed(text)
 
     async def _embed(self, text: str) -> np.ndarray:
         try:
@@ -452,6 +465,12 @@ class SemanticCache:
         except (RedisError, *UNREACHABLE):
             return None
         return hit.answer if hit is not None else None
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned task's outcome, so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 class _EmbedError(Exception):

@@ -44,6 +44,12 @@ class CacheSettings(Settings):
         "Budget of the embedding in a lookup (CPU-bound: it sets how long a busy pod may spend "
         "before answering the request as a miss).",
     )
+    embed_during_exact: bool = setting(
+        False,
+        "Start a lookup's embedding together with its exact read instead of after it: a semantic "
+        "hit or a miss gains the exact round trip, an exact hit wastes a forward pass of CPU "
+        "(cancelled only if it has not started).",
+    )
     store_timeout_ms: float = setting(500.0, "Budget of one store; also the Redis socket timeout.")
     singleflight_wait_s: float = setting(
         60.0,

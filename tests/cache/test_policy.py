@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -168,3 +169,54 @@ async def test_entries_is_the_store_of_the_entries(cache: SemanticCache) -> None
     assert [r["prompt"] for r in await cache.entries.inspect("acme")] == [Q]
     assert await cache.entries.flush("acme") == 1
     assert (await cache.lookup(chat(Q))).status == "miss"
+
+
+def _cache_embedding_during_exact(
+    store: RedisCacheStore, cache_settings: CacheSettings, delay_s: float = 0.0
+) -> SemanticCache:
+    settings = dataclasses.replace(cache_settings, embed_during_exact=True)
+    embedder = HashingEmbedderDouble(delay_s=delay_s)
+    return SemanticCache(store, embedder, ThresholdVerifierDouble(0.8), settings)
+
+
+async def test_embed_during_exact_serves_the_same_and_embeds_once(
+    store: RedisCacheStore, cache_settings: CacheSettings
+) -> None:
+    cache = _cache_embedding_during_exact(store, cache_settings)
+    emb = cache.embedder
+    assert isinstance(emb, HashingEmbedderDouble)
+    await cache.store(chat(Q), {"text": "Paris"})
+    calls = emb.calls
+    res = await cache.lookup(chat(PARAPHRASE))
+    assert res.status == "semantic" and res.answer == {"text": "Paris"} and res.vector is not None
+    assert emb.calls == calls + 1
+    assert {"exact", "embed", "search", "verify", "total"} <= set(res.timings)
+    miss = await cache.lookup(chat("How do I bake sourdough bread?"))
+    assert miss.status == "miss" and miss.vector is not None and emb.calls == calls + 2
+
+
+async def test_embed_during_exact_an_exact_hit_does_not_wait_for_the_embedding(
+    store: RedisCacheStore, cache_settings: CacheSettings
+) -> None:
+    cache = _cache_embedding_during_exact(store, cache_settings, delay_s=2.0)
+    await cache.store(chat(Q), {"text": "Paris"}, await HashingEmbedderDouble().embed(Q))
+    before = {t for t in asyncio.all_tasks() if not t.done()}
+    hit = await asyncio.wait_for(cache.lookup(chat(Q)), 1.0)  # the 2 s embedding is not awaited
+    assert hit.status == "exact" and hit.answer == {"text": "Paris"} and hit.vector is None
+    assert set(hit.timings) == {"exact", "total"}
+    await asyncio.sleep(0)
+    left = {t for t in asyncio.all_tasks() if not t.done()} - before - {asyncio.current_task()}
+    assert not left  # the embedding was cancelled, not left running
+
+
+async def test_embed_during_exact_a_redis_error_cancels_the_embedding(
+    store: RedisCacheStore, cache_settings: CacheSettings
+) -> None:
+    cache = _cache_embedding_during_exact(store, cache_settings, delay_s=2.0)
+
+    async def broken(req: object) -> None:
+        raise ConnectionError("redis went away")
+
+    store.get_exact = broken  # type: ignore[method-assign]
+    res = await asyncio.wait_for(cache.lookup(chat(Q)), 1.0)
+    assert res.status == "error" and res.error is not None and "exact" in res.error

@@ -228,3 +228,25 @@ async def test_index_dimension_is_checked_through_ft_info(cache_settings: CacheS
             await other.ensure_index()
     finally:
         await small.close()
+
+
+async def test_search_reads_a_resp2_reply_like_a_resp3_one(
+    store: RedisCacheStore, cache_settings: CacheSettings
+) -> None:
+    # search() sends raw FT.SEARCH and reads the reply itself: both reply shapes give the same result.
+    import redis.asyncio as aioredis
+
+    emb = HashingEmbedderDouble()
+    for p in ["How do I reset my password?", "How can I reset my password quickly?", "Weather in Oslo?"]:
+        await store.put(chat(p), p, await emb.embed(p), {"text": f"answer to {p}"})
+    q = "How do I reset the password?"
+    resp2 = RedisCacheStore(
+        aioredis.Redis.from_url(cache_settings.redis_url, protocol=2, decode_responses=False), store.schema
+    )
+    try:
+        vec = await emb.embed(q)
+        expected = await store.search(chat(q), vec, k=3)
+        assert len(expected) == 3 and expected[0].answer == {"text": f"answer to {expected[0].prompt}"}
+        assert await resp2.search(chat(q), vec, k=3) == expected
+    finally:
+        await resp2.close()
