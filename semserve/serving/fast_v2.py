@@ -35,19 +35,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import Match
 
+from semserve.serving import v2_render
+
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Kind = Literal["infer", "model_ready", "live", "ready"]
 
-# FastAPI's default response class in KServe's app is ORJSONResponse; these are its options.
-_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 _JSON_HEADERS = (b"content-type", b"application/json")
 _REST_V2 = PredictorProtocol.REST_V2.value
-# jsonable_encoder drops dict keys starting with this (SQLAlchemy state); dumping the model
-# ourselves is only the same where no key does.
-_SQLALCHEMY_PREFIX = "_sa"
 
 
 @dataclass(frozen=True)
@@ -106,22 +103,6 @@ def _strict_content_type(route: Any) -> bool:
 def _bypassed(headers: dict[str, str]) -> bool:
     """Requests KServe treats specially by header: binary tensors, binary CloudEvents."""
     return INFERENCE_CONTENT_LENGTH_HEADER in headers or any(k.startswith("ce-") for k in headers)
-
-
-def _plain_keys(params: dict[str, Any] | None) -> bool:
-    return not params or not any(str(k).startswith(_SQLALCHEMY_PREFIX) for k in params)
-
-
-def render_response(response: InferenceResponse) -> bytes:
-    """The bytes FastAPI writes for a returned InferenceResponse (response_model None):
-    jsonable_encoder's JSON-mode dump, serialized by ORJSONResponse."""
-    if _plain_keys(response.parameters) and all(_plain_keys(o.parameters) for o in response.outputs):
-        content: Any = response.model_dump(mode="json", by_alias=True)
-    else:
-        from fastapi.encoders import jsonable_encoder
-
-        content = jsonable_encoder(response)
-    return orjson.dumps(content, option=_ORJSON_OPTIONS)
 
 
 class FastV2:
@@ -248,17 +229,18 @@ class FastV2:
         response, response_headers = await self.dataplane.infer(
             model_name=model, request=request, headers=headers
         )
+        content = v2_render.plain_content(response)
+        if content is not None:  # what encoding and rendering would make of it, made directly
+            return Reply.json(v2_render.dumps(content), _model_headers(response_headers))
         response, res_headers = self.dataplane.encode(
             model_name=model, response=response, headers=headers, req_attributes={}
         )
         response_headers.update(res_headers)
-        response_headers.pop("content-length", None)
-        response_headers.pop("content-type", None)
-        extra = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in response_headers.items()]
         if isinstance(response, bytes):
             # Binary outputs: KServe answers them in its bare Response, with no content type or length.
-            return Reply(response, extra)
-        return Reply.json(render_response(InferenceResponse.model_validate(response)), extra)
+            return Reply(response, _model_headers(response_headers))
+        rendered = v2_render.render(InferenceResponse.model_validate(response))
+        return Reply.json(rendered, _model_headers(response_headers))
 
     async def _error(self, scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
         """As Starlette's exception middlewares answer it: the app's handler for the nearest
@@ -282,6 +264,15 @@ class FastV2:
             if cls in handlers:
                 return handlers[cls], False
         return handlers.get(500) or handlers.get(Exception), True
+
+
+def _model_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The headers the model's answer adds, as KServe's route adds them to its response."""
+    merged: dict[str, str] = {}
+    for key, value in headers.items():
+        if key not in ("content-length", "content-type"):  # KServe drops exactly these keys
+            merged[key.lower()] = str(value)  # Starlette's MutableHeaders.update
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in merged.items()]
 
 
 async def _read_body(receive: Receive) -> list[Message]:
