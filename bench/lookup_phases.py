@@ -14,6 +14,7 @@ The embedding is split further by wrapping the embedder's own steps: `queue` (em
 forward starts), `encode` (tokenizer), `run` (the ONNX/torch forward), `pool` (mean pooling and
 normalisation), `handoff` (forward done -> the awaiting lookup resumes). `cpu` is the process CPU
 time (all threads) of one lookup. A `bare` row times `embed_many([text])` with no event loop.
+`--concurrency N` starts N lookups of a kind together per slot (the batcher's case; no embed split).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-PHASES = ("exact", "embed", "search", "verify", "total", "cpu")
+PHASES = ("exact", "embed", "search", "verify", "total", "wall", "cpu")
 EMBED_PARTS = ("queue", "encode", "run", "pool", "handoff")
 
 
@@ -154,7 +155,10 @@ def served_pairs() -> tuple[list[str], list[str], dict[str, np.ndarray], Any]:
     return stored, list(dict.fromkeys(p.b for p in chosen)), vectors, embedder
 
 
-async def measure(redis_url: str, variants: list[Variant], rounds: int, warmup: int, seed: int) -> Samples:
+async def measure(
+    redis_url: str, variants: list[Variant], rounds: int, warmup: int, seed: int, kinds: Sequence[str],
+    concurrency: int = 1,
+) -> Samples:
     from cache.embedder import Embedder
     from cache.keys import CacheRequest, SamplingParams
     from cache.policy import SemanticCache
@@ -175,12 +179,12 @@ async def measure(redis_url: str, variants: list[Variant], rounds: int, warmup: 
         return CacheSettings(redis_url=redis_url, deployment="bench_phases", lookup_timeout_ms=5000.0,
                              store_timeout_ms=5000.0, embed_timeout_ms=5000.0, **v.cache)
 
-    caches: list[tuple[Variant, SemanticCache, EmbedProbe]] = []
+    caches: list[tuple[Variant, SemanticCache, EmbedProbe | None]] = []
     for v in variants:
         emb = Embedder(EmbedderSettings(**{"lru_size": 0, **v.embed}))
         c = SemanticCache(RedisCacheStore.from_settings(settings(v)), emb, RuleVerifier(), settings(v))
         await c.start()
-        caches.append((v, c, EmbedProbe(emb)))
+        caches.append((v, c, EmbedProbe(emb) if concurrency == 1 else None))
     first = caches[0][1]
     for p in stored:
         await first.store(req(p), {"text": f"answer to: {p}", "finish_reason": "stop",
@@ -192,22 +196,25 @@ async def measure(redis_url: str, variants: list[Variant], rounds: int, warmup: 
             order = caches[i % len(caches):] + caches[: i % len(caches)]
             for v, c, probe in order:
                 for kind, prompts in (("exact", stored), ("semantic", paraphrases)):
-                    p = prompts[rng.randrange(len(prompts))]
+                    if kind not in kinds:
+                        continue
+                    batch = [prompts[rng.randrange(len(prompts))] for _ in range(concurrency)]
                     cpu, t = time.process_time(), time.perf_counter()
-                    res = await c.lookup(req(p))
+                    results = await asyncio.gather(*(c.lookup(req(p)) for p in batch))
                     wall, cpu = (time.perf_counter() - t) * 1000.0, (time.process_time() - cpu) * 1000.0
-                    parts = probe.take()
+                    parts = probe.take() if probe is not None else {}
                     if i < warmup:
                         continue
                     samples = v.semantic if kind == "semantic" else v.exact
-                    v.lookups += 1
-                    v.hits += res.hit
-                    for part, ms in res.timings.items():
-                        samples.add(part, ms)
                     samples.add("wall", wall)
-                    samples.add("cpu", cpu)
-                    for part, ms in parts.items():
+                    samples.add("cpu", cpu / concurrency)
+                    for part, ms in parts.items():  # at concurrency 1 only: the probe follows one call
                         samples.add(part, ms)
+                    for res in results:
+                        v.lookups += 1
+                        v.hits += res.hit
+                        for part, ms in res.timings.items():
+                            samples.add(part, ms)
             if i >= warmup:
                 p = paraphrases[rng.randrange(len(paraphrases))]
                 t = time.perf_counter()
@@ -235,18 +242,22 @@ def _cell(samples: Samples, part: str) -> str:
 def report(variants: list[Variant], bare: Samples, rounds: int, load: tuple[float, float]) -> str:
     cols = (*PHASES, *EMBED_PARTS)
     lines = [
-        f"SemanticCache.lookup in process, {rounds} rounds (n = {rounds} per cell), p50 / p99 ms; "
+        f"SemanticCache.lookup in process, {rounds} rounds, p50 / p99 ms (n = rounds x concurrency per "
+        f"lookup phase; wall: one slot of `concurrency` lookups, cpu: per lookup); "
         f"1-min load {load[0]:.1f} at the start, {load[1]:.1f} at the end",
         "",
-        "| variant | lookup | hits | " + " | ".join(cols) + " |",
+        "| variant | lookup | n | " + " | ".join(cols) + " |",
         "|---|---|---|" + "---|" * len(cols),
     ]
     for v in variants:
         for kind, samples in (("exact", v.exact), ("semantic", v.semantic)):
             n = len(samples.parts.get("total", []))
+            if not n:
+                continue
             lines.append(f"| {v.name} | {kind} | {n} | " + " | ".join(_cell(samples, c) for c in cols) + " |")
     rest = " - |" * (len(cols) - 2)
     lines.append(f"| bare embed_many([text]) | - | - | - | {_cell(bare, 'embed')} |{rest}")
+    lines += ["", "hits / lookups: " + ", ".join(f"{v.name} {v.hits}/{v.lookups}" for v in variants)]
     return "\n".join(lines)
 
 
@@ -262,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", action="append", default=[],
                     help="name:embed.FIELD=V,cache.FIELD=V (repeatable; default one 'base' variant)")
     ap.add_argument("--redis-url", default="", help="an existing Redis with RediSearch (default: start one)")
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="lookups started together per slot (above 1: no embed split; cpu is per lookup)")
+    ap.add_argument("--lookups", default="exact,semantic",
+                    help="which lookups each round runs: exact (a stored prompt), semantic (a paraphrase)")
     args = ap.parse_args(argv)
     variants = [parse_variant(s) for s in args.variant or ["base"]]
     load_start = os.getloadavg()[0]
@@ -271,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         server = RedisServer(free_port(), data_dir=tempfile.mkdtemp(prefix="redis-phases-")).start()
         url = server.url
     try:
-        bare = asyncio.run(measure(url, variants, args.rounds, args.warmup, args.seed))
+        kinds = [k for k in args.lookups.split(",") if k]
+        bare = asyncio.run(
+            measure(url, variants, args.rounds, args.warmup, args.seed, kinds, args.concurrency)
+        )
     finally:
         if server is not None:
             server.stop()

@@ -9,9 +9,11 @@ set of the tenant's ids scored by creation time (Redis clock, µs), trimmed in t
 that writes the entry, so the cap holds under concurrent writers. The script names evicted keys it
 derives itself, which is fine on a standalone Redis (not cluster-safe).
 
-Index creation and every query go through redis-py's search API (`client.ft(index)`, `Query`,
+Index creation and the admin queries go through redis-py's search API (`client.ft(index)`, `Query`,
 `querystring`): the library builds the FT.* arguments and parses the replies into Result/Document
-objects. The tag values in the filters are hex digests (cache.keys), so nothing needs escaping.
+objects. The lookup's KNN (`search`) is sent as raw FT.SEARCH arguments and its reply read here: it
+is the one query on the hit path. The tag values in the filters are hex digests (cache.keys), so
+nothing needs escaping.
 
 This module does no timeouts or fail-open itself beyond the socket timeout: that is cache.policy's
 job. Errors surface as redis-py exceptions.
