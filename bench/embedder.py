@@ -91,7 +91,7 @@ def bench(backends: Sequence[str], iters: int, threads: int, max_length: int) ->
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backends", default="torch,torch-int8,onnx,onnx-int8")
+    ap.add_argument("--backends", default="torch,torch-int8,onnx,onnx-int8,onnx-int8-block")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-length", type=int, default=128)

@@ -101,7 +101,7 @@ class CacheSettings(Settings):
 
 
 # Embedder backends, measured in bench/embedder.py (cache/embedder.py explains the trade-offs).
-BACKENDS = ("onnx", "onnx-int8", "torch", "torch-int8")
+BACKENDS = ("onnx", "onnx-int8", "onnx-int8-block", "torch", "torch-int8")
 
 
 @dataclass

@@ -191,3 +191,23 @@ def test_prepared_export_is_reused_and_recognised_by_content(
     # Other weights of the same size: not their export.
     stamp.write_text(json.dumps({**recorded, "mtime_ns": 1, "sha256": "0" * 64}))
     assert not is_fresh(moved.model_path, stamp.parent / "model.onnx")
+
+
+async def test_int8_block_backend_is_close_to_fp32_and_batch_independent(
+    onnx_dir: Path, default_embedder: Embedder
+) -> None:
+    emb = Embedder(EmbedderSettings(backend="onnx-int8-block", onnx_dir=onnx_dir, lru_size=0))
+    try:
+        assert emb.onnx_file is not None and emb.onnx_file.name.endswith(".int8block.onnx")
+        ref = default_embedder.embed_many(TEXTS, batch_size=1)
+        batched = await asyncio.gather(*(emb.embed(t) for t in TEXTS))
+        assert emb.batches == 1
+        for text, vec, r in zip(TEXTS, batched, ref, strict=True):
+            alone = emb.embed_many([text])[0]
+            assert cosine(alone, r) >= 0.998
+            # Activations are quantized per token row: batch-mates leave a vector as it was alone.
+            assert cosine(vec, alone) > 0.99999
+        again = Embedder(EmbedderSettings(backend="onnx-int8-block", onnx_dir=onnx_dir, lru_size=0))
+        assert again.onnx_reused and again.onnx_file == emb.onnx_file  # quantized once, then reused
+    finally:
+        await emb.aclose()
