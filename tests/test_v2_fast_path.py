@@ -158,7 +158,8 @@ BAD_BODIES = [
     b'{"inputs": []}',
     b'{"inputs": {}}',
     b'{"id": 5, "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}',
-    b'{"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1.0], "data": ["Say hi."]}]}',
+    b'{"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1.5], "data": ["Say hi."]}]}',
+    b"[" * 100_000,  # nested deeper than json.loads goes: FastAPI's 400
     b'{"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}',
     b'{"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a\\u0000b"]}]}',
     b'{"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [" "]}]}',
@@ -355,6 +356,7 @@ def test_layer_answers_as_kserve_without_it(content: bytes, headers: dict[str, s
     (b'{"id": 5, "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}', {}),
     (b'{"outputs": [{"name": "text_output"}], "inputs": []}', {}),
     (b"{", {}),
+    (b"[" * 100_000, {}),
 ])
 def test_what_the_layer_leaves_reaches_kserve_unchanged(content: bytes, headers: dict[str, str]) -> None:
     fast, kserve, spy = _in_process("POST", INFER, content, headers)

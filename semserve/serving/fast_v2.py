@@ -30,7 +30,6 @@ from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER, Predicto
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.rest.v2_datamodels import InferenceRequest, InferenceResponse
 from kserve.protocol.rest.v2_endpoints import V2Endpoints
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import Match
@@ -207,13 +206,10 @@ class FastV2:
             return None
         try:
             parsed = json.loads(body)  # Starlette's Request.json(): the same values, always
-        except ValueError:
-            return None
-        if not isinstance(parsed, dict) or parsed.get("outputs") is not None:
-            return None
-        try:
+            if not isinstance(parsed, dict) or parsed.get("outputs") is not None:
+                return None
             return InferenceRequest.model_validate(parsed)
-        except ValidationError:
+        except (ValueError, RecursionError):  # invalid JSON, nested too deep, ValidationError
             return None
 
     async def _ready(self, model: str) -> bool:
