@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 from collections.abc import Callable, Generator
 from concurrent import futures
@@ -120,6 +121,11 @@ class SemserveModelServer(kserve.ModelServer):
         self._models = models
         self._register_and_check_atleast_one_model_is_ready(models)
         app = self._build_app()
+        # What exists by now (modules, models, the app) lives until exit. Kept out of the garbage
+        # collector's full passes, one takes a few ms instead of ~150 ms (a pause that some
+        # request waits out; measured in the transformer).
+        gc.collect()
+        gc.freeze()
         config = uvicorn.Config(
             app,
             host=self.host,
