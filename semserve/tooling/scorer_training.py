@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         "train_files": [Path(f).name for f in train_files],
         "calib_files": [Path(f).name for f in calib_files],
         "embedder": embedder.backend,
+        # Which weights the cosines came from: a scorer fits the embedder it was trained with.
+        "embedder_model": embedder.model_path.name,
     }
     doc = train(train_pairs, calib_pairs, embedder, meta)
     args.out.write_text(json.dumps(doc, separators=(",", ":")) + "\n", encoding="utf-8")
