@@ -2,6 +2,8 @@
 
 - state: the drain flag and in-flight count (ServingState), paths that are never work
 - http_guard / grpc_guard: what every HTTP request and gRPC call goes through
+- fast_v2: v2 REST infer and ready answered before FastAPI/KServe's app (the same answers, leaner);
+  v2_render: the bytes of a v2 REST answer as KServe's route writes them
 - spans: their server spans
 - errors: errors our models raise to KServe (Unavailable503, InvalidInput400) and HTTP error answers
 - kserve_overrides: KServe's readiness and model repository, fixed for one model per pod
