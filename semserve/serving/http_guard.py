@@ -23,21 +23,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-_GUARD_HEADERS = frozenset((b"x-request-id", b"content-length"))
-
-
-def _headers(raw: list[tuple[bytes, bytes]], only: frozenset[bytes] | None) -> dict[str, str]:
-    """The request headers by lowercase name (the last of a repeated one), or only those in `only`."""
-    if only is None:
-        return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
-    picked: dict[str, str] = {}
-    for key, value in raw:
-        name = key.lower()
-        if name in only:
-            picked[name.decode("latin-1")] = value.decode("latin-1")
-    return picked
-
-
 async def _send_json(send: Send, status: int, body: dict[str, Any], rid: str) -> None:
     payload = json.dumps(body).encode()
     await send(
@@ -70,16 +55,14 @@ class HttpGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        # The span continues a caller's trace from any header; without one only two are read.
-        spanned = path not in UNTRACED_PATHS and tracing.enabled()
-        headers = _headers(scope["headers"], None if spanned else _GUARD_HEADERS)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         rid = headers.get("x-request-id") or uuid.uuid4().hex
         token = request_id_var.set(rid)
+        path = scope["path"]
         exempt = path in EXEMPT_PATHS
         started = time.monotonic()
         status_holder = {"status": 0}
-        traced = http_span(scope, headers, rid) if spanned else None
+        traced = None if path in UNTRACED_PATHS else http_span(scope, headers, rid)
         try:
             if self.state.draining and not exempt:
                 status_holder["status"] = 503
