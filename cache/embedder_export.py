@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cache.embedder_backends import input_names, load_torch_model
+from semserve.files import file_sha256
 from semserve.logs import get_logger
 
 # The embedder's logger: these lines are part of its start.
@@ -85,11 +86,7 @@ def source_of(model_path: Path, with_sha256: bool) -> dict[str, Any]:
     stat = weights.stat()
     source: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     if with_sha256:
-        h = hashlib.sha256()
-        with weights.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        source["sha256"] = h.hexdigest()
+        source["sha256"] = file_sha256(weights)
     return source
 
 

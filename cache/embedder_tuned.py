@@ -18,7 +18,6 @@ the format is simple enough to read and write here (8-byte header length, JSON h
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -32,6 +31,7 @@ import numpy as np
 
 from cache.embedder_export import BUNDLED_DISTRIBUTION, bundled_model_path, default_cache_dir
 from cache.settings import EmbedderSettings
+from semserve.files import file_sha256
 from semserve.logs import get_logger
 
 log = get_logger("semserve.cache.embedder")
@@ -72,13 +72,6 @@ class DeltaManifest:
 def manifest_path(delta: Path) -> Path:
     return delta.with_suffix(".json")
 
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:

@@ -7,7 +7,6 @@ The result is cached and verified by a checksum manifest, so a second run is a c
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -16,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from semserve.files import file_sha256
 from semserve.logs import get_logger
 
 log = get_logger("semserve.model")
@@ -48,17 +48,10 @@ def find_gguf() -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _checksums(model_dir: Path) -> dict[str, str]:
     return {
-        p.name: _sha256(p)
+        p.name: file_sha256(p)
         for p in sorted(model_dir.iterdir())
         if p.is_file() and p.name != MANIFEST
     }
