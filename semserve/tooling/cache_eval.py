@@ -194,16 +194,21 @@ def evaluate_offline(
     verifier: Verifier | None = None,
     settings: Any = None,
     *,
-    knn_floor: float = 0.70,
+    knn_floor: float | None = None,
     similarities: np.ndarray | None = None,
     name: str = "verifier",
 ) -> Report:
     """In-process path, no Redis: cosine(embed(a), embed(b)), the KNN floor, then the verifier.
 
     `settings` (VerifierSettings) builds a RuleVerifier when `verifier` is None. `knn_floor` mirrors
-    CacheSettings.min_similarity: candidates under it never reach the verifier. Pass `similarities`
-    (from pair_similarities) to re-run many verifier settings on one set of embeddings.
+    CacheSettings.min_similarity (its default when None): candidates under it never reach the
+    verifier. Pass `similarities` (from pair_similarities) to re-run many verifier settings on one
+    set of embeddings.
     """
+    if knn_floor is None:
+        from cache.settings import CacheSettings
+
+        knn_floor = CacheSettings().min_similarity
     if verifier is None:
         from cache.verify import RuleVerifier, VerifierSettings
 
