@@ -193,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.calibrate_only is not None:
         base = json.loads(args.calibrate_only.read_text(encoding="utf-8"))
-        base["meta"] = {**base.get("meta", {}), "calib_files": meta["calib_files"]}
+        # The trees' own training meta stays; the file says that only its curve is new.
+        base["meta"] = {**base.get("meta", {}), "calib_files": meta["calib_files"], "recalibrated_only": True}
         doc = calibrate(base, calib_pairs, embedder, **path)
     else:
         doc = train(train_pairs, calib_pairs, embedder, meta, **path)

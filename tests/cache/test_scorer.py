@@ -285,7 +285,44 @@ def test_train_writes_a_loadable_calibrated_scorer(tmp_path: Path) -> None:
     path.write_text(json.dumps(doc))
     s = PairScorer.load(path)
     assert s.n_trees > 0 and s.calibration and s.meta["n_train"] == 300
+    assert 0 < s.meta["n_train_judged"] < 300 and s.meta["min_similarity"] == CacheSettings().min_similarity
     x, _ = pair_features("How do I reset my PIN?", "How can I reset my PIN?", 0.95)
     assert 0.0 <= s.probability(x) <= 1.0
     v = RuleVerifier(VerifierSettings(scorer_path=path), max_wrong_rate=0.01)
     assert v.scorer is not None and v.threshold == s.threshold_for(0.01).threshold
+
+
+def test_training_rows_follow_the_verifiers_path() -> None:
+    """Only pairs the scorer decides at serving time train it; the rest are decided before it."""
+    from semserve.tooling.cache_eval import Pair
+    from semserve.tooling.scorer_training import pair_rows
+
+    pairs = [
+        Pair("How do I reset my PIN?", "how do I reset my pin", True),  # exact after normalization
+        Pair("Is 5 mg safe?", "Is 50 mg safe?", False),  # the hard number rule vetoes
+        Pair("Where is my parcel?", "Could you tell me where my delivery is?", True),  # under the floor
+        Pair("How do I delete my account?", "How can I remove my account?", True),  # the scorer judges
+    ]
+    rows = pair_rows(pairs, np.array([1.0, 0.95, 0.55, 0.9]), 0.65, frozenset({"number"}))
+    assert rows.x.shape == (4, len(FEATURE_NAMES))
+    assert rows.exact.tolist() == [True, False, False, False]
+    assert rows.judged.tolist() == [False, False, False, True]
+    # Without the hard rule the number pair reaches the scorer.
+    assert pair_rows(pairs, np.array([1.0, 0.95, 0.55, 0.9]), 0.65, frozenset()).judged[1]
+
+
+def test_calibrate_only_keeps_the_trees(tmp_path: Path) -> None:
+    """`semserve cache train --calibrate-only`: same trees, a curve from the given pairs, and the
+    floor and hard rules it holds for in the file's meta."""
+    from semserve.tooling.scorer_training import calibrate
+
+    shipped = json.loads(Path(default_scorer().source).read_text())
+    calib = load_pairs(SPLITS["calib"])[:150]
+    doc = calibrate(shipped, calib, _HashEmbedder(), min_similarity=0.5)
+    assert doc["trees"] == shipped["trees"] and doc["calibration"] != shipped["calibration"]
+    assert doc["meta"]["min_similarity"] == 0.5 and doc["meta"]["hard_rules"] == ["number"]
+    assert doc["meta"]["n_calib"] == 150
+    # The curve counts what the verifier would do: a pair under the floor is never served.
+    under = [p for p in calib if not p.same_answer][:5]
+    far = calibrate(shipped, under, _HashEmbedder(), min_similarity=1.01)
+    assert all(p["wrong_rate"] == 0.0 for p in far["calibration"] if p["threshold"] > 0.0)
