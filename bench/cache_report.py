@@ -9,10 +9,11 @@ from bench.cache_e2e import Cell
 from bench.cache_peer import PeerLatency
 from bench.predictor import _percentile
 
-GOAL_EXACT_P50_MS = 2.0
+# Issue 14's bars (an older issue had exact 2 ms and miss overhead 10 ms).
+GOAL_EXACT_P50_MS = 1.5
 GOAL_SEMANTIC_P50_MS = 5.0
 GOAL_SEMANTIC_P99_MS = 15.0
-GOAL_MISS_OVERHEAD_P50_MS = 10.0
+GOAL_MISS_OVERHEAD_P50_MS = 5.0
 
 def _fmt(x: float | None, digits: int = 2) -> str:
     return "-" if x is None or x != x else f"{x:.{digits}f}"
