@@ -58,3 +58,21 @@ def test_bench_scale_help_parses() -> None:
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "--entries" in r.stdout and "--tenants" in r.stdout and "--ef-runtime" in r.stdout
+
+
+def test_pair_judges_served_at_budget() -> None:
+    import numpy as np
+
+    from bench.pair_judges import served_at_budget
+
+    scores = np.array([0.9, 0.8, 0.7, 0.95, 0.6, 0.5, 0.4, 0.3])
+    same = np.array([True, True, True, False, False, False, False, False])
+    # 0 % of 5 look-alikes may pass: the cut is the highest look-alike (0.95), nothing is served.
+    assert served_at_budget(scores, same, 0.0) == (0.95, 0.0)
+    # 20 %: one look-alike may pass, the cut drops to the next one (0.6), every same pair is served.
+    assert served_at_budget(scores, same, 0.2) == (0.6, 1.0)
+    among = np.array([False, False, True, False, False, False, False, False])
+    assert served_at_budget(scores, same, 0.2, among) == (0.6, 1.0)
+    r = subprocess.run([sys.executable, "-m", "bench.pair_judges", "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "cross-encoder" in r.stdout, r.stderr
