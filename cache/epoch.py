@@ -107,6 +107,10 @@ class SharedEpoch:
         self._known: dict[str, int] = {}  # models synced with Redis at least once
         self._first_sync: dict[str, asyncio.Future[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # Set by close. Cancelling alone is not enough: on Python 3.11 a cancel that lands as a read's
+        # own timeout expires comes out as TimeoutError, which the loops take for a Redis failure
+        # and go on (seen as a close that never returned).
+        self._closing = False
         self._raise = client.register_script(_RAISE_LUA)
         self._bump = client.register_script(_BUMP_LUA)
 
@@ -181,18 +185,19 @@ class SharedEpoch:
     def start(self) -> None:
         """Start listening for bumps and re-reading every `refresh_s` (in the running loop)."""
         if not self._tasks:
+            self._closing = False
             self._tasks = [asyncio.ensure_future(self._listen()), asyncio.ensure_future(self._refresh())]
 
     async def close(self) -> None:
         tasks, self._tasks = self._tasks, []
+        self._closing = True
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Their CancelledError is returned, not raised; a cancel of close itself still propagates.
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _refresh(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.refresh_s)
             if not self._known:
                 continue
@@ -206,12 +211,12 @@ class SharedEpoch:
     async def _listen(self) -> None:
         """Apply bump messages as they come; resubscribe after a failure (the re-read covers what
         was missed meanwhile)."""
-        while True:
+        while not self._closing:
             pubsub = self.client.pubsub()
             try:
                 async with asyncio.timeout(self.op_timeout_s):
                     await pubsub.subscribe(self.channel)
-                while True:
+                while not self._closing:
                     # An explicit read timeout: the client's socket timeout is the store's budget.
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None and msg.get("type") == "message":

@@ -251,3 +251,26 @@ async def test_no_read_or_write_before_the_epoch_is_known(
     finally:
         await old.close()
         await new.close()
+
+
+async def test_close_returns_when_a_read_turns_the_cancel_into_a_timeout(
+    clients: list[Redis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Python 3.11 a cancel that lands as a pub/sub read's own timeout expires comes out of the
+    read as TimeoutError (asyncio.timeout's race), which the listener takes for a Redis failure: a
+    close that relied on the cancel alone never returned (a transformer test hung 600 s)."""
+    from redis.asyncio.client import PubSub
+
+    read = PubSub.get_message
+
+    async def cancel_lost(self: PubSub, *args: object, **kwargs: object) -> object:
+        try:
+            return await read(self, *args, **kwargs)
+        except asyncio.CancelledError:
+            raise TimeoutError("the cancel came out as the read's timeout") from None
+
+    monkeypatch.setattr(PubSub, "get_message", cancel_lost)
+    r = SharedEpoch(clients[0], "test", refresh_s=0.2, op_timeout_s=2.0)
+    r.start()
+    await asyncio.sleep(0.3)  # the listener is subscribed and reading
+    await asyncio.wait_for(r.close(), 5.0)
