@@ -21,6 +21,9 @@ class CacheCounters:
     index_created: int = 0
     verifier_rejections: int = 0
     verifier_errors: int = 0
+    judge_calls: int = 0  # grey-zone scorer rejections asked again (cache.policy, with a judge)
+    judge_accepts: int = 0  # of those, served on the judge's word
+    judge_errors: int = 0  # judge calls that failed or timed out (each a rejection)
     internal_errors: int = 0  # bugs or corrupt entries, turned into status "error"
     singleflight_leaders: int = 0
     singleflight_joined: int = 0

@@ -1,5 +1,6 @@
-"""The two pluggable parts of the semantic cache, as protocols: the cache policy (cache.policy)
-depends only on these, the real implementations live in cache.embedder and cache.verify.
+"""The pluggable parts of the semantic cache, as protocols: the cache policy (cache.policy)
+depends only on these, the real implementations live in cache.embedder and cache.verify (and, for
+the optional same-answer judge, in transformers_svc.judge).
 """
 
 from __future__ import annotations
@@ -42,3 +43,18 @@ class Verifier(Protocol):
     """
 
     def check(self, query: str, candidate: str, similarity: float) -> Verdict: ...
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """Optional second opinion on a candidate the scorer rejected by score in its grey zone: do the
+    two prompts have the same answer? Asked at most once per lookup, under the cache's
+    `judge_timeout_ms`.
+
+    Async and must not block the event loop (it is a model call, e.g. the predictor's). Any
+    exception or a timeout means reject: the lookup is then a miss, never a wrong answer.
+    """
+
+    async def same_answer(self, query: str, cached: str) -> float:
+        """P(the answer cached for `cached` is right for `query`), in [0, 1]."""
+        ...

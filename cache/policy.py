@@ -5,7 +5,10 @@ each can change alone.
 
 Lookup: exact key first (one Redis read, no embedding); then embed, KNN over entries with the same
 tenant + model + fingerprint, and the verifier on candidates best-first; the first accepted one is
-served. Candidates under `min_similarity` are not even verified.
+served. Candidates under `min_similarity` are not even verified. With a judge (optional, off by
+default): when no candidate is accepted, the best one the scorer rejected by score alone with a
+probability of at least `judge_min_score` is asked of the judge, once per lookup, and served if the
+judge's same-answer probability reaches `judge_threshold`; a failing or slow judge rejects.
 
 Fail open: each Redis round trip of a lookup runs under `lookup_timeout_ms`, the embedding under
 `embed_timeout_ms`, every store under `store_timeout_ms`.
@@ -38,14 +41,15 @@ from cache.answer import Payload
 from cache.counters import CacheCounters
 from cache.epoch import SharedEpoch
 from cache.health import UNREACHABLE, RedisHealth
-from cache.interfaces import Embedder, Verdict, Verifier
+from cache.interfaces import Embedder, Judge, Verdict, Verifier
+from cache.judge_step import JudgeStep
 from cache.keys import CacheRequest
 from cache.lease import Claim, ReplicaFlights
 from cache.lookup_result import LookupResult
 from cache.redis_spans import RedisSpans
 from cache.settings import CacheSettings
 from cache.single_flight import SingleFlight
-from cache.store import RedisCacheStore, is_missing_index
+from cache.store import Candidate, RedisCacheStore, is_missing_index
 from semserve import tracing
 from semserve.logs import get_logger
 
@@ -68,6 +72,7 @@ class SemanticCache:
         embedder: Embedder,
         verifier: Verifier,
         settings: CacheSettings,
+        judge: Judge | None = None,
     ) -> None:
         dim = getattr(embedder, "dim", None)
         if dim is not None and int(dim) != store.schema.dim:
@@ -78,6 +83,12 @@ class SemanticCache:
         self.settings = settings
         self.counters = CacheCounters()
         self._failing: dict[str, str] = {}  # component -> last error, for one log line per change
+        # None: the scorer's verdicts are final (the default).
+        self.judge_step = (
+            JudgeStep(judge, settings, self.counters,
+                      lambda c, e: self._fail(c, e, per_message=True), self._recovered)
+            if judge is not None else None
+        )  # fmt: skip
         self.health = RedisHealth(self.counters, settings, self._fail, self._recovered)
         self.single_flight = SingleFlight(self.counters, settings)
         self._redis_span = RedisSpans(store)
@@ -290,15 +301,28 @@ class SemanticCache:
         candidates = [c for c in candidates if c.similarity >= self.settings.min_similarity]
         res.candidates = len(candidates)
         with tracing.span("semserve.cache.verify", semserve__cache__candidates=len(candidates)) as span:
+            grey: tuple[Candidate, Verdict] | None = None  # the best candidate worth asking the judge
             for c in candidates:  # best first
                 verdict = self._verify(req.prompt, c.prompt, c.similarity)
                 if verdict.accept:
-                    res.status, res.answer, res.verdict = "semantic", c.answer, verdict
-                    res.similarity, res.entry_id, res.cached_prompt = c.similarity, c.entry_id, c.prompt
+                    self._serve(res, c, verdict)
                     break
                 self.counters.verifier_rejections += 1
                 if res.verdict is None:
                     res.similarity, res.verdict = c.similarity, verdict
+                if (self.judge_step is not None and self.judge_step.wants(verdict)
+                        and (grey is None or verdict.score > grey[1].score)):
+                    grey = (c, verdict)  # the likeliest one: at most one judge call per lookup
+            if self.judge_step is not None and grey is not None and res.status != "semantic":
+                # Only after the loop: an accepted candidate never costs a judge call.
+                tj = time.perf_counter()
+                c, verdict = grey
+                judged = await self.judge_step.ask(req.prompt, c.prompt, verdict)
+                res.timings["judge"] = (time.perf_counter() - tj) * 1000.0
+                if judged.accept:
+                    self._serve(res, c, judged)
+                else:
+                    res.similarity, res.verdict = c.similarity, judged
             if span.is_recording():
                 # served: a candidate was accepted; rejected: every candidate was turned down (the
                 # best one's rule is given); none: nothing similar enough to verify.
@@ -310,6 +334,11 @@ class SemanticCache:
                     "semserve.cache.similarity": res.similarity,
                 }))
         res.timings["verify"] = (time.perf_counter() - t) * 1000.0
+
+    @staticmethod
+    def _serve(res: LookupResult, c: Candidate, verdict: Verdict) -> None:
+        res.status, res.answer, res.verdict = "semantic", c.answer, verdict
+        res.similarity, res.entry_id, res.cached_prompt = c.similarity, c.entry_id, c.prompt
 
     def _verify(self, query: str, candidate: str, similarity: float) -> Verdict:
         try:

@@ -101,6 +101,23 @@ class CacheSettings(Settings):
         "look-alikes served on the calibration pairs is at most this (0.01 = 1 percent). Lower: fewer wrong "
         "answers and fewer hits. See `semserve cache eval` and README 'Choosing the error budget'.",
     )
+    # The same-answer judge (transformer --cache-judge predictor): without one these do nothing.
+    judge_min_score: float = setting(
+        0.5,
+        "Only with a judge: a candidate the scorer rejected by score at or above this probability is "
+        "asked again, of the judge (at most one per lookup). Choose it with `semserve cache "
+        "calibrate-judge` on the deployment's own model.",
+    )
+    judge_threshold: float = setting(
+        0.9,
+        "Only with a judge: the judge's same-answer probability needed to serve such a candidate. "
+        "Choose it with `semserve cache calibrate-judge` on the deployment's own model.",
+    )
+    judge_timeout_ms: float = setting(
+        200.0,
+        "Only with a judge: budget of one judge call; past it, or on any judge error, the candidate "
+        "is rejected (a miss).",
+    )
 
 
 # Embedder backends, measured in bench/embedder.py (cache/embedder.py explains the trade-offs).
