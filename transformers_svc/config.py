@@ -46,6 +46,14 @@ class TransformerSettings(ServerSettings):
         "Clients opt out per request with Cache-Control: no-cache / no-store.",
         choices=("deterministic", "all", "off"),
     )
+    cache_judge: str = setting(
+        "off",
+        "Same-answer judge for grey-zone semantic candidates the scorer rejects: off, or predictor "
+        "(ask the predictor's own model; one short prefill per such lookup, see --cache-judge-*). "
+        "For deployments with a larger model on GPU, calibrated on it with `semserve cache "
+        "calibrate-judge`.",
+        choices=("off", "predictor"),
+    )
     model_revision: str = setting(
         "",
         "Model revision in the cache key, so answers of another revision are never served; answers "

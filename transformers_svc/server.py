@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from cache.embedder import Embedder
+from cache.interfaces import Judge
 from cache.policy import SemanticCache
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
 from cache.store import RedisCacheStore
@@ -18,6 +19,7 @@ from transformers_svc.auth import Authenticator
 from transformers_svc.cache_front import CacheFront
 from transformers_svc.config import TransformerSettings
 from transformers_svc.guards import GrpcAuth, HttpAuth
+from transformers_svc.judge import PredictorJudge
 from transformers_svc.model import SemanticCacheTransformer
 from transformers_svc.openai_backend import TransformerOpenAI
 from transformers_svc.predictor_client import PredictorClient
@@ -27,13 +29,13 @@ log = logs.get_logger("semserve.transformer")
 
 
 def build_cache(cache_settings: CacheSettings, embed_settings: EmbedderSettings,
-                verify_settings: VerifierSettings) -> SemanticCache | None:
+                verify_settings: VerifierSettings, judge: Judge | None = None) -> SemanticCache | None:
     if not cache_settings.enabled:
         return None
     embedder = Embedder(embed_settings)
     store = RedisCacheStore.from_settings(cache_settings)
     verifier = RuleVerifier(verify_settings, min_similarity=cache_settings.min_similarity)
-    return SemanticCache(store, embedder, verifier, cache_settings)
+    return SemanticCache(store, embedder, verifier, cache_settings, judge=judge)
 
 
 def run(
@@ -64,10 +66,14 @@ def assemble(
                     reason="one process per pod; scale with replicas")
     auth = Authenticator.from_files(settings.api_keys_file, settings.admin_keys_file, settings.tenant)
     log.info("auth", enabled=auth.enabled)
-    cache = build_cache(cache_settings, embed_settings, verify_settings)
+    predictor = PredictorClient(settings)
+    judge = PredictorJudge(predictor) if settings.cache_judge == "predictor" else None
+    cache = build_cache(cache_settings, embed_settings, verify_settings, judge)
     if cache is not None:
         metrics.register_policy(settings.model_name, cache)
-    predictor = PredictorClient(settings)
+    if judge is not None and cache is not None:
+        log.info("cache_judge", judge=settings.cache_judge,
+                 min_score=cache_settings.judge_min_score, threshold=cache_settings.judge_threshold)
     front = CacheFront(settings, cache)
     model = SemanticCacheTransformer(settings, front, predictor)
     openai: Any = TransformerOpenAI(settings, front, predictor)
