@@ -132,6 +132,14 @@ class PolicyCollector(Collector):
                 "Semantic candidates the verifier rejected.", c.verifier_rejections,
             ),
             "semserve_cache_index_created": ("Times the index was (re)created.", c.index_created),
+            # The optional same-answer judge (--cache-judge): zero while it is off.
+            "semserve_cache_judge_calls": (
+                "Grey-zone candidates the scorer rejected that were asked of the judge.", c.judge_calls,
+            ),
+            "semserve_cache_judge_accepts": ("Judge calls that served the candidate.", c.judge_accepts),
+            "semserve_cache_judge_errors": (
+                "Judge calls that failed or timed out (each a rejection).", c.judge_errors,
+            ),
         }
         for name, (doc, value) in rows.items():
             fam = CounterMetricFamily(name, doc, labels=["model_name"])

@@ -33,6 +33,9 @@ def exported_names() -> set[str]:
                 "singleflight_joined",
                 "verifier_rejections",
                 "index_created",
+                "judge_calls",
+                "judge_accepts",
+                "judge_errors",
                 "degraded",
             )
         }
