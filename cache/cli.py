@@ -69,9 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.set_defaults(func=_inspect)
 
     # The scorer's and embedder's offline commands live in the tooling area; semserve.cli lists this.
-    from semserve.tooling import embedder_tuning, pair_generation, scorer_training
+    from semserve.tooling import embedder_tuning, judge_calibration, pair_generation, scorer_training
 
     scorer_training.register(sub)
+    judge_calibration.register(sub)
     embedder_tuning.register(sub)
     pairs = cs.add_parser("pairs", help="rebuild the labelled pairs from the seeds (data/pairs_*.jsonl)")
     pair_generation.add_arguments(pairs)
