@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from kserve.errors import InvalidInput
 
 from semserve import tracing, v2
 from semserve.errors import BadRequest, NotFound, ServingError, Unavailable
+from semserve.judge_protocol import CACHED_INPUT, PROBABILITY_OUTPUT, QUERY_INPUT, judge_model_name
 from semserve.logs import get_logger
 from semserve.oip import inference_pb2 as pb
 from semserve.oip import service, tensors
@@ -111,14 +113,14 @@ class PredictorClient:
             )
         return request
 
-    def _span(self, method: str, prompt: Prompt) -> Any:
+    def _span(self, method: str, prompt_kind: str, model: str | None = None) -> Any:
         host, _, port = self.settings.predictor_host.rpartition(":")
         return tracing.start_child(
             f"inference.GRPCInferenceService/{method}", tracing.SpanKind.CLIENT,
             rpc__system="grpc", rpc__service=service.SERVICE, rpc__method=method,
             server__address=host or None, server__port=int(port) if port.isdigit() else None,
-            gen_ai__request__model=self.model,
-            semserve__prompt_kind="chat" if isinstance(prompt, ChatPrompt) else "text",
+            gen_ai__request__model=model or self.model,
+            semserve__prompt_kind=prompt_kind,
         )
 
     @staticmethod
@@ -130,7 +132,7 @@ class PredictorClient:
 
     async def generate(self, prompt: Prompt, options: SamplingOptions, request_id: str) -> Piece:
         """The predictor's whole answer (ModelInfer)."""
-        span = self._span("ModelInfer", prompt)
+        span = self._span("ModelInfer", _prompt_kind(prompt))
         try:
             try:
                 response = await self._call(service.MODEL_INFER, stream=False)(
@@ -152,12 +154,42 @@ class PredictorClient:
         metrics.PREDICTOR_CALLS.labels(self.model, "grpc", "ok").inc()
         return piece
 
+    async def judge(self, query: str, cached: str, request_id: str) -> float:
+        """The predictor's P(one answer fits both prompts), from its `{model}-judge` model
+        (ModelInfer). Fails as generate() does: a ServingError, never a guess."""
+        model = judge_model_name(self.model)
+        span = self._span("ModelInfer", "judge", model)
+        request = pb.ModelInferRequest(
+            model_name=model,
+            id=request_id,
+            inputs=[_bytes_input(QUERY_INPUT, query.encode()), _bytes_input(CACHED_INPUT, cached.encode())],
+        )
+        try:
+            try:
+                response = await self._call(service.MODEL_INFER, stream=False)(
+                    request, timeout=self.settings.predictor_timeout_s,
+                    metadata=self._metadata(request_id, span),
+                )
+            except grpc.aio.AioRpcError as err:
+                span.set_attribute("rpc.grpc.status_code", err.code().value[0])
+                raise _from_grpc(err) from None
+            span.set_attribute("rpc.grpc.status_code", 0)
+            probability = _probability(response)
+        except ServingError as exc:
+            metrics.PREDICTOR_CALLS.labels(model, "grpc", metrics.outcome_of(exc)).inc()
+            tracing.fail(span, exc)
+            raise
+        finally:
+            span.end()
+        metrics.PREDICTOR_CALLS.labels(model, "grpc", "ok").inc()
+        return probability
+
     async def stream(self, prompt: Prompt, options: SamplingOptions, request_id: str) -> AsyncIterator[Piece]:
         """The predictor's answer as it is generated (ModelStreamInfer). Closing this generator
         cancels the call, and the predictor aborts the generation."""
         # An async generator runs in its consumer's context: the span is started, not made current,
         # and ended here whether the stream completes, fails or is closed early.
-        span = self._span("ModelStreamInfer", prompt)
+        span = self._span("ModelStreamInfer", _prompt_kind(prompt))
         call = self._call(service.MODEL_STREAM_INFER, stream=True)(
             timeout=self.settings.predictor_timeout_s, metadata=self._metadata(request_id, span)
         )
@@ -212,6 +244,21 @@ def _let_finish(call: Any) -> None:
     task = asyncio.ensure_future(drain())
     _FINISHING.add(task)  # held until done: a task nobody references may be collected early
     task.add_done_callback(_FINISHING.discard)
+
+
+def _prompt_kind(prompt: Prompt) -> str:
+    return "chat" if isinstance(prompt, ChatPrompt) else "text"
+
+
+def _probability(response: pb.ModelInferResponse) -> float:
+    """The judge's one FP32 value; anything else is a predictor fault (503), not a verdict."""
+    try:
+        values = tensors.output_columns(response).get(PROBABILITY_OUTPUT) or []
+    except (InvalidInput, ValueError) as exc:
+        raise Unavailable(f"predictor's judge answer is unreadable: {exc}") from None
+    if len(values) != 1 or not 0.0 <= float(values[0]) <= 1.0:
+        raise Unavailable(f"predictor's judge answer lacks one {PROBABILITY_OUTPUT} in [0, 1]")
+    return float(values[0])
 
 
 def _piece(response: pb.ModelInferResponse) -> Piece:
