@@ -18,8 +18,10 @@ from typing import Any
 
 from predictors import metrics, warm_start
 from predictors.config import PredictorSettings
+from predictors.judge import AnswerTokens, judge_messages, same_answer_probability
 from semserve import tracing
 from semserve.errors import BadRequest, Unavailable
+from semserve.judge_protocol import CACHED_INPUT, QUERY_INPUT
 from semserve.logs import get_logger
 from semserve.openai_protocol import ChatPrompt
 from semserve.sampling import SamplingOptions
@@ -75,6 +77,7 @@ class Engine:
         self.tokenizer: Any = None
         self.started_at: float | None = None
         self.max_model_len = settings.max_model_len
+        self.answer_tokens = AnswerTokens(frozenset(), frozenset())
 
     @property
     def ready(self) -> bool:
@@ -112,6 +115,7 @@ class Engine:
         t = time.monotonic()
         self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model_dir))
         phases["tokenizer_s"] = time.monotonic() - t
+        self.answer_tokens = AnswerTokens.of(self.tokenizer)
         t = time.monotonic()
         # Weights, compilation (or its cache), KV cache and warm-up: vLLM's own log lines split it.
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
@@ -189,6 +193,55 @@ class Engine:
     def _encode(self, prompt: str) -> list[int]:
         # Chat templates already carry the special tokens; plain prompts get none added, as vLLM does.
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+    async def judge(self, query: str, cached: str, request_id: str = "") -> float:
+        """P(one answer fits both questions), from the first token's top logprobs of the judge chat
+        (predictors/judge.py): one prefill and one token, in the same batch as every generation."""
+        if not self.ready:
+            raise Unavailable("the engine is not ready yet")
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        started = time.monotonic()
+        prompt = self.tokenizer.apply_chat_template(
+            judge_messages(query, cached), tokenize=False, add_generation_prompt=True
+        )
+        if len(prompt) > _THREAD_TOKENIZE_CHARS:
+            ids = await asyncio.to_thread(self._encode, prompt)
+        else:
+            ids = self._encode(prompt)
+        if len(ids) + 1 > self.max_model_len:
+            longer = QUERY_INPUT if len(query) >= len(cached) else CACHED_INPUT
+            raise BadRequest(
+                f"the judge prompt of {QUERY_INPUT} and {CACHED_INPUT} has "
+                f"{len(ids)} tokens; the model's context is {self.max_model_len} tokens",
+                longer,
+            )
+        params = SamplingParams(
+            max_tokens=1, temperature=0.0, logprobs=20, output_kind=RequestOutputKind.FINAL_ONLY
+        )
+        engine_id = f"{request_id or 'judge'}-{uuid.uuid4().hex[:12]}"
+        final = None
+        try:
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, engine_id):
+                final = out
+        except Exception:
+            if self.llm is None or self.llm.errored:
+                raise Unavailable("the engine died; the predictor is restarting") from None
+            raise
+        positions = final.outputs[0].logprobs if final is not None else None
+        top = {token: lp.logprob for token, lp in positions[0].items()} if positions else {}
+        probability = same_answer_probability(top, self.answer_tokens)
+        log.info(
+            "judge_finished",
+            request_id=request_id,
+            engine_request_id=engine_id,
+            prompt_tokens=len(ids),
+            probability=round(probability, 4),
+            seconds=round(time.monotonic() - started, 4),
+        )
+        return probability
 
     def _params(self, options: SamplingOptions) -> Any:
         from vllm import SamplingParams

@@ -1,4 +1,5 @@
-"""Assemble and run the predictor: engine, KServe model, OpenAI routes, one ModelServer."""
+"""Assemble and run the predictor: engine, KServe models (the main one and its same-answer judge),
+OpenAI routes, one ModelServer."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from predictors.config import PredictorSettings
 from predictors.engine import Engine
+from predictors.judge import SameAnswerJudge
 from predictors.model import VLLMPredictor
 from predictors.openai_backend import PredictorOpenAI
 from semserve import model_prep, tracing
@@ -26,7 +28,10 @@ def assemble(settings: PredictorSettings) -> Service:
     engine = Engine(settings, resolve_model_dir(settings))
     model = VLLMPredictor(settings, engine)
     model.load()
-    return Service(model=model, openai=PredictorOpenAI(settings, engine))
+    # The judge shares the engine: its requests join the main model's continuous batch.
+    judge = SameAnswerJudge(settings.model_name, engine)
+    judge.load()
+    return Service(model=model, openai=PredictorOpenAI(settings, engine), extra_models=(judge,))
 
 
 def run(settings: PredictorSettings, trace_settings: tracing.TracingSettings | None = None) -> None:

@@ -34,6 +34,8 @@ class Service:
     # browser's preflight request carries no API key).
     inner_layer: Callable[[Asgi], Asgi] | None = None
     grpc_interceptors: tuple[aio.ServerInterceptor, ...] = ()
+    # Models served beside `model` by the same process, e.g. the predictor's same-answer judge.
+    extra_models: tuple[kserve.Model, ...] = ()
 
 
 def _start_logging_and_tracing(
@@ -83,7 +85,7 @@ def run_service(
     )
     service = assemble()
     try:
-        build_server(settings, service).start([service.model])
+        build_server(settings, service).start([service.model, *service.extra_models])
     finally:
         tracing.shutdown()
     logs.get_logger(f"semserve.{name}").info(f"{name}_stopped")

@@ -1,0 +1,157 @@
+"""The same-answer judge: a second KServe model, `{model}-judge`, on the predictor's own engine.
+
+Given a new prompt (`query`) and a cached one (`cached`), it asks the model, in one short prefill
+and one token, whether one answer fits both, and answers P(same) = P(yes) / (P(yes) + P(no)) read
+from the first token's top logprobs. The transformer uses it for cache candidates in the scorer's
+grey zone (semserve/judge_protocol.py holds the names both sides use).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import kserve
+import numpy as np
+from kserve import InferOutput, InferRequest, InferResponse
+
+from semserve import v2
+from semserve.errors import BadRequest, Unavailable
+from semserve.judge_protocol import CACHED_INPUT, PROBABILITY_OUTPUT, QUERY_INPUT, judge_model_name
+from semserve.serving import InvalidInput400, Unavailable503
+from semserve.text_model import request_id
+
+if TYPE_CHECKING:  # the engine imports this module's prompt; the model only needs its type
+    from predictors.engine import Engine
+
+SYSTEM_LINE = "You compare two questions and answer only Yes or No."
+QUESTION = (
+    "Question 1: {query}\nQuestion 2: {cached}\n"
+    "Do these two questions ask for the same thing, so that one answer fits both? Answer Yes or No."
+)
+# Spellings of the answer the model may start with; only those that are one token count.
+YES_WORDS = ("Yes", " Yes", "yes", " yes")
+NO_WORDS = ("No", " No", "no", " no")
+
+INPUTS_METADATA: list[dict[str, Any]] = [
+    {"name": QUERY_INPUT, "datatype": "BYTES", "shape": [1]},
+    {"name": CACHED_INPUT, "datatype": "BYTES", "shape": [1]},
+]
+OUTPUTS_METADATA: list[dict[str, Any]] = [{"name": PROBABILITY_OUTPUT, "datatype": "FP32", "shape": [1]}]
+
+
+def judge_messages(query: str, cached: str) -> list[dict[str, str]]:
+    """The judge's chat, in the form chat templates take."""
+    return [
+        {"role": "system", "content": SYSTEM_LINE},
+        {"role": "user", "content": QUESTION.format(query=query, cached=cached)},
+    ]
+
+
+@dataclass(frozen=True)
+class AnswerTokens:
+    """The token ids that begin a Yes and a No answer in this model's vocabulary."""
+
+    yes: frozenset[int]
+    no: frozenset[int]
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> AnswerTokens:
+        def single(words: tuple[str, ...]) -> frozenset[int]:
+            encoded = (tokenizer.encode(w, add_special_tokens=False) for w in words)
+            return frozenset(ids[0] for ids in encoded if len(ids) == 1)
+
+        return cls(yes=single(YES_WORDS), no=single(NO_WORDS))
+
+
+def same_answer_probability(top_logprobs: Mapping[int, float], tokens: AnswerTokens) -> float:
+    """P(yes) / (P(yes) + P(no)) among the first position's top tokens; 0.0 (reject) when neither
+    appears, so that a model that answers something else never serves a cached answer."""
+    yes = sum(math.exp(lp) for token, lp in top_logprobs.items() if token in tokens.yes)
+    no = sum(math.exp(lp) for token, lp in top_logprobs.items() if token in tokens.no)
+    if yes + no <= 0.0:
+        return 0.0
+    return min(1.0, max(0.0, yes / (yes + no)))
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    query: str
+    cached: str
+
+
+def parse_request(payload: InferRequest) -> JudgeRequest:
+    unknown = [i.name for i in payload.inputs if i.name not in (QUERY_INPUT, CACHED_INPUT)]
+    if unknown:
+        raise BadRequest(
+            f"unknown input(s) {unknown}; expected {QUERY_INPUT!r} and {CACHED_INPUT!r}", unknown[0]
+        )
+    return JudgeRequest(_text(payload, QUERY_INPUT), _text(payload, CACHED_INPUT))
+
+
+def _text(payload: InferRequest, name: str) -> str:
+    inp = payload.get_input_by_name(name)
+    if inp is None:
+        raise BadRequest(f"missing input {name!r} (BYTES, shape [1])", name)
+    if inp.datatype != "BYTES":
+        raise BadRequest(f"{name} must have datatype BYTES, got {inp.datatype}", name)
+    if list(inp.shape) != [1]:
+        raise BadRequest(f"{name} must have shape [1], got {list(inp.shape)}", name)
+    try:
+        items = list(np.asarray(inp.as_numpy(), dtype=object).reshape(-1))
+    except Exception as exc:  # numpy raises several types for data that doesn't fit the shape
+        raise BadRequest(f"{name}: data does not match shape [1]: {exc}", name) from None
+    if len(items) != 1:
+        raise BadRequest(f"{name} must hold exactly one text", name)
+    # The v2 contract's decoding: UTF-8, no NUL, not blank; its errors name the input.
+    return v2._decode(items[0], 0, name)
+
+
+class SameAnswerJudge(kserve.Model):
+    """`{model}-judge`, sharing the main model's Engine (one engine, one continuous batch)."""
+
+    def __init__(self, model_name: str, engine: Engine) -> None:
+        super().__init__(judge_model_name(model_name))
+        self.llm = engine
+
+    def load(self) -> bool:
+        # Registered at once; healthy (and so ready) only once the shared engine is up.
+        self.ready = True
+        return self.ready
+
+    async def healthy(self) -> bool:
+        return self.ready and await self.llm.healthy()
+
+    async def get_input_types(self) -> list[dict[str, Any]]:
+        return INPUTS_METADATA
+
+    async def get_output_types(self) -> list[dict[str, Any]]:
+        return OUTPUTS_METADATA
+
+    async def predict(
+        self,
+        payload: InferRequest | dict[str, Any],
+        headers: dict[str, str] | None = None,
+        response_headers: dict[str, str] | None = None,
+    ) -> InferResponse:
+        if not isinstance(payload, InferRequest):
+            raise InvalidInput400(f"this model speaks the v2 protocol: POST /v2/models/{self.name}/infer")
+        if not self.llm.ready:
+            raise Unavailable503(f"model {self.name} is not ready: the engine is still starting")
+        rid = request_id(payload, headers)
+        try:
+            request = parse_request(payload)
+            probability = await self.llm.judge(request.query, request.cached, rid)
+        except BadRequest as exc:
+            raise InvalidInput400(exc.message, exc.field) from None
+        except Unavailable as exc:
+            raise Unavailable503(exc.message) from None
+        # FP32 on the wire (gRPC's raw contents); the same float32 value over REST.
+        value = float(np.float32(probability))
+        return InferResponse(
+            response_id=rid,
+            model_name=self.name,
+            infer_outputs=[InferOutput(PROBABILITY_OUTPUT, [1], "FP32", [value])],
+        )
