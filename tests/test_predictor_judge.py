@@ -114,6 +114,20 @@ def test_parse_request_reads_both_texts() -> None:
     assert (parsed.query, parsed.cached) == (QUERY, CACHED)
 
 
+async def test_judge_is_unready_and_503_while_the_engine_starts() -> None:
+    from predictors.config import PredictorSettings
+    from predictors.engine import Engine
+    from predictors.judge import SameAnswerJudge
+    from semserve.serving import Unavailable503
+
+    judge = SameAnswerJudge(MODEL, Engine(PredictorSettings(), model_prep.prepare().model_dir))
+    assert judge.name == JUDGE and judge.load()
+    assert await judge.healthy() is False  # registered, but KServe's model ready says 503
+    request = judge_request(query=("BYTES", [1], [QUERY]), cached=("BYTES", [1], [CACHED]))
+    with pytest.raises(Unavailable503):
+        await judge.predict(request, {})
+
+
 # -- against the real predictor -----------------------------------------------------------------
 
 
