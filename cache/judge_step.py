@@ -24,7 +24,7 @@ class JudgeStep:
         judge: Judge,
         settings: CacheSettings,
         counters: CacheCounters,
-        fail: Callable[[str, BaseException], None],
+        fail: Callable[[str, str], None],
         recovered: Callable[[str], None],
     ) -> None:
         self.judge = judge
@@ -54,8 +54,8 @@ class JudgeStep:
                 raise ValueError(f"judge probability {p} is not in [0, 1]")
         except Exception as e:  # TimeoutError included; a cancel of the lookup itself propagates
             self.counters.judge_errors += 1
-            self._fail("judge", e)
             why = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+            self._fail("judge", why)
             return Verdict(False, "judge_error", scored.score, f"judge failed ({why}); {scored.detail}")
         self._recovered("judge")
         if p >= threshold:
