@@ -20,8 +20,9 @@ in this process and, through a lease in Redis (cache/lease.py), across replicas.
 
 Tracing (OpenTelemetry API only, through semserve.tracing; no-ops unless the request is traced):
 `semserve.cache.lookup` with children HMGET (exact), `semserve.cache.embed`, FT.SEARCH (KNN) and
-`semserve.cache.verify` (the decision); `semserve.cache.singleflight.wait` for a request that joins
-a flight; `semserve.cache.store` with its EVALSHA. Redis spans follow the DB semantic conventions.
+`semserve.cache.verify` (the decision; `semserve.cache.judge` in it when a judge is asked);
+`semserve.cache.singleflight.wait` for a request that joins a flight; `semserve.cache.store` with
+its EVALSHA. Redis spans follow the DB semantic conventions.
 No prompt text on any span unless the transformer runs with --record-prompt-text.
 """
 
