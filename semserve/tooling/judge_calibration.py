@@ -9,8 +9,11 @@ operating point). The pairs the scorer turns down by score alone (rule `scorer`,
 transformer's judge step asks about) are sent to the predictor's judge model over KServe v2 REST. The
 command then picks the `--cache-judge-min-score` and `--cache-judge-threshold` that serve the most
 same-answer pairs while the look-alikes served, scorer and judge together, stay within the budget, and
-says when no choice adds anything (then leave `--cache-judge off`). The judge's answers depend on the
-predictor's model: calibrate on the model the deployment serves, never copy another's numbers.
+says when no choice adds anything (then leave `--cache-judge off`). A choice counts only if it holds
+on held-out intents: chosen on one half of the pairs' intents, it must serve more than the scorer with
+its threshold lowered to the same budget on the other half, within the budget, both ways round. The
+judge's answers depend on the predictor's model: calibrate on the model the deployment serves, never
+copy another's numbers.
 """
 
 from __future__ import annotations
@@ -103,25 +106,103 @@ async def judge_probabilities(
         return list(await asyncio.gather(*(one(client, p) for p in pairs)))
 
 
-def choose(v: PairVerdicts, judged: np.ndarray, max_wrong_rate: float) -> JudgeChoice:
-    """The (floor, threshold) serving the most same-answer pairs within the budget; `judged` holds the
-    judge's probability for grey pairs (NaN elsewhere). Ties go to fewer wrong serves, then to the
-    higher floor (fewer judge calls) and the higher threshold."""
-    n_same, n_diff = max(1, int(v.same.sum())), max(1, int((~v.same).sum()))
+def _rates(v: PairVerdicts, serve: np.ndarray, among: np.ndarray) -> tuple[float, float]:
+    """(same-answer pairs served, look-alikes served) among these pairs."""
+    n_same, n_diff = max(1, int((v.same & among).sum())), max(1, int((~v.same & among).sum()))
+    return float((serve & v.same & among).sum() / n_same), float((serve & ~v.same & among).sum() / n_diff)
+
+
+def serves(v: PairVerdicts, judged: np.ndarray, choice: JudgeChoice) -> np.ndarray:
+    """Which pairs the verifier and the judge at this choice serve together."""
+    if choice.min_score is None or choice.threshold is None:
+        return v.served
+    asked = v.grey & (v.score >= choice.min_score)
+    return v.served | (asked & (np.nan_to_num(judged, nan=-1.0) >= choice.threshold))
+
+
+def choose(
+    v: PairVerdicts, judged: np.ndarray, max_wrong_rate: float, among: np.ndarray | None = None
+) -> JudgeChoice:
+    """The (floor, threshold) serving the most same-answer pairs (of `among`, default all) within the
+    budget; `judged` holds the judge's probability for grey pairs (NaN elsewhere). Ties go to fewer
+    wrong serves, then to the higher floor (fewer judge calls) and the higher threshold."""
+    among = np.ones(len(v.same), dtype=bool) if among is None else among
 
     def rates(serve: np.ndarray) -> tuple[float, float]:
-        return float((serve & v.same).sum() / n_same), float((serve & ~v.same).sum() / n_diff)
+        return _rates(v, serve, among)
 
     base_served, base_wrong = rates(v.served)
     best = JudgeChoice(None, None, base_served, base_wrong, base_served, base_wrong, 0)
     probs = np.nan_to_num(judged, nan=-1.0)
     for floor in sorted(MIN_SCORES, reverse=True):
         asked = v.grey & (v.score >= floor)
-        for t in np.unique(probs[asked])[::-1]:
+        for t in np.unique(probs[asked & among])[::-1]:
             served, wrong = rates(v.served | (asked & (probs >= t)))
             if wrong <= max_wrong_rate and (served, -wrong) > (best.served_rate, -best.wrong_rate):
-                best = JudgeChoice(floor, float(t), served, wrong, base_served, base_wrong, int(asked.sum()))
+                best = JudgeChoice(
+                    floor, float(t), served, wrong, base_served, base_wrong, int((asked & among).sum())
+                )
     return best
+
+
+def lower_scorer_threshold(
+    v: PairVerdicts, max_wrong_rate: float, among: np.ndarray | None = None
+) -> JudgeChoice:
+    """No judge: the scorer alone with its threshold lowered as far as the budget allows (every grey
+    score is a candidate threshold; `min_score` holds the chosen one). What spare budget buys anyway."""
+    among = np.ones(len(v.same), dtype=bool) if among is None else among
+    base_served, base_wrong = _rates(v, v.served, among)
+    best = JudgeChoice(None, None, base_served, base_wrong, base_served, base_wrong, 0)
+    for t in np.unique(v.score[v.grey & among])[::-1]:
+        served, wrong = _rates(v, v.served | (v.grey & (v.score >= t)), among)
+        if wrong <= max_wrong_rate and (served, -wrong) > (best.served_rate, -best.wrong_rate):
+            best = JudgeChoice(float(t), 0.0, served, wrong, base_served, base_wrong, 0)
+    return best
+
+
+@dataclass(frozen=True)
+class HoldoutCheck:
+    """A choice made on one half of the intents, read on the other half."""
+
+    served_gain: float  # same-answer pairs served beyond the scorer alone (as deployed)
+    gain_over_lower_threshold: float  # beyond the scorer with its threshold lowered to the budget
+    wrong_rate: float  # look-alikes served, scorer and judge together
+
+
+def intent_halves(pairs: Sequence[Pair]) -> np.ndarray:
+    """0/1 per pair: the connected components of the prompt graph (about one per intent: its
+    paraphrases and look-alikes share prompts), dealt alternately into two halves."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for p in pairs:
+        parent[find(p.a)] = find(p.b)
+    roots = sorted({find(p.a) for p in pairs})
+    half = {r: i % 2 for i, r in enumerate(roots)}
+    return np.array([half[find(p.a)] for p in pairs], dtype=np.int8)
+
+
+def holdout_checks(
+    v: PairVerdicts, judged: np.ndarray, max_wrong_rate: float, halves: np.ndarray
+) -> list[HoldoutCheck]:
+    """Choose on each half, read on the other. A judge that tells nothing apart still finds some
+    threshold that fits one half's noise; only a gain that holds on unseen intents is real. The
+    comparison includes the scorer alone at a lower threshold (a judge that answers yes to every
+    grey pair), which is what spare budget buys without any judge."""
+    always_yes = np.where(v.grey, 1.0, np.nan)
+    checks = []
+    for h in (0, 1):
+        fit, other = halves == h, halves != h
+        with_judge = _rates(v, serves(v, judged, choose(v, judged, max_wrong_rate, fit)), other)
+        # A judge that says yes to every grey pair at or above the chosen score: the lowered scorer.
+        lowered = _rates(v, serves(v, always_yes, lower_scorer_threshold(v, max_wrong_rate, fit)), other)
+        alone = _rates(v, v.served, other)
+        checks.append(HoldoutCheck(with_judge[0] - alone[0], with_judge[0] - lowered[0], with_judge[1]))
+    return checks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,19 +230,34 @@ def run(args: argparse.Namespace) -> int:
     )
     judged = np.full(len(pairs), np.nan)
     judged[idx] = probs
-    choice = choose(v, judged, settings.max_wrong_rate)
-    doc = {
-        **asdict(choice),
-        "model": args.model,
-        "max_wrong_rate": settings.max_wrong_rate,
-        "pairs": len(pairs),
-        "grey_pairs_judged": len(idx),
-        "advice": (
+    budget = settings.max_wrong_rate
+    choice = choose(v, judged, budget)
+    lowered = lower_scorer_threshold(v, budget)
+    checks = holdout_checks(v, judged, budget, intent_halves(pairs))
+    holds = all(c.gain_over_lower_threshold > 0 and c.wrong_rate <= budget for c in checks)
+    if choice.min_score is None or choice.threshold is None:
+        advice = "the judge adds no served pair within the budget on these pairs: leave --cache-judge off"
+    elif not holds:
+        advice = (
+            "the judge's gain does not hold on held-out intents (or no more than lowering the scorer's "
+            "threshold): leave --cache-judge off"
+        )
+    else:
+        advice = (
             f"--cache-judge predictor --cache-judge-min-score {choice.min_score} "
             f"--cache-judge-threshold {choice.threshold:.4f}"
-            if choice.min_score is not None and choice.threshold is not None
-            else "the judge adds no served pair within the budget on these pairs: leave --cache-judge off"
-        ),
+        )
+    doc = {
+        **asdict(choice),
+        # The scorer alone with its threshold lowered to spend the same budget (no judge).
+        "scorer_lowered_served_rate": lowered.served_rate,
+        "scorer_lowered_wrong_rate": lowered.wrong_rate,
+        "holdout": [asdict(c) for c in checks],
+        "model": args.model,
+        "max_wrong_rate": budget,
+        "pairs": len(pairs),
+        "grey_pairs_judged": len(idx),
+        "advice": advice,
         "seconds": round(time.perf_counter() - t0, 1),
     }
     text = json.dumps(doc, indent=1)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from semserve.tooling.judge_calibration import JudgeChoice, PairVerdicts, choose
+from semserve.tooling.cache_eval import Pair
+from semserve.tooling.judge_calibration import (
+    JudgeChoice,
+    PairVerdicts,
+    choose,
+    holdout_checks,
+    intent_halves,
+    lower_scorer_threshold,
+)
 
 
 def _verdicts(rows: list[tuple[bool, bool, bool, float]]) -> PairVerdicts:
@@ -49,3 +57,52 @@ def test_no_grey_pairs_means_no_judge() -> None:
     rows = [(True, True, False, 0.9), (False, False, False, 0.0)]
     c = choose(_verdicts(rows), np.array([np.nan, np.nan]), 0.01)
     assert c.min_score is None and c.threshold is None and c.served_rate == 1.0
+
+
+def _two_halves() -> tuple[PairVerdicts, np.ndarray]:
+    """Per half: one pair served by the scorer, two grey same-answer pairs scored under a grey
+    look-alike, and two look-alikes the scorer rejected outright."""
+    half = [
+        (True, True, False, 0.95),
+        (True, False, True, 0.50), (True, False, True, 0.40),
+        (False, False, True, 0.78),
+        (False, False, False, 0.0), (False, False, False, 0.0),
+    ]
+    return _verdicts(half + half), np.array([0] * 6 + [1] * 6)
+
+
+def test_a_judge_that_separates_gains_on_held_out_intents() -> None:
+    v, halves = _two_halves()
+    judge = np.where(v.grey, np.where(v.same, 0.9, 0.1), np.nan)
+    for check in holdout_checks(v, judge, 0.0, halves):
+        # Lowering the scorer's threshold serves the 0.78 look-alike first: nothing within budget 0.
+        assert check.served_gain == pytest.approx(2 / 3)
+        assert check.gain_over_lower_threshold == pytest.approx(2 / 3)
+        assert check.wrong_rate == 0.0
+
+
+def test_a_judge_that_tells_nothing_apart_does_not_hold() -> None:
+    v, halves = _two_halves()
+    judge = np.where(v.grey, 0.5, np.nan)
+    for check in holdout_checks(v, judge, 0.0, halves):
+        assert check.served_gain <= 0.0 and check.gain_over_lower_threshold <= 0.0
+
+
+def test_lowering_the_scorer_threshold_spends_the_budget() -> None:
+    v, _ = _two_halves()
+    # Two look-alikes in six may be served: each half's 0.78 one, and the grey same-answer pairs under it.
+    low = lower_scorer_threshold(v, 1 / 3 + 1e-9)
+    assert low.min_score == pytest.approx(0.40) and low.served_rate == 1.0
+    assert lower_scorer_threshold(v, 0.0).min_score is None
+    assert lower_scorer_threshold(v, 1 / 6).min_score is None  # one look-alike alone cannot be served
+
+
+def test_intent_halves_keep_an_intents_pairs_together() -> None:
+    pairs = [
+        Pair("reset pin", "forgot pin", True), Pair("reset pin", "change pin", False),
+        Pair("parking?", "leave my car?", True), Pair("tax due", "tax late", False),
+        Pair("forgot pin", "new pin", True),
+    ]
+    h = intent_halves(pairs)
+    assert h[0] == h[1] == h[4]  # one intent: they share prompts
+    assert set(h.tolist()) == {0, 1}
