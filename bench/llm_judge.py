@@ -114,27 +114,12 @@ def report_alone(name: str, scores: np.ndarray, pairs: Sequence[Pair]) -> None:
     print(f"{name}: {len(pairs)} pairs, ROC AUC {roc_auc_score(same, scores):.3f}, served at wrong {served}")
 
 
-def intent_halves(pairs: Sequence[Pair]) -> np.ndarray:
-    """0/1 per pair: connected components of the prompt graph (about one per intent), split in two."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            x = parent[x]
-        return x
-
-    for p in pairs:
-        parent[find(p.a)] = find(p.b)
-    roots = sorted({find(p.a) for p in pairs})
-    half = {r: i % 2 for i, r in enumerate(roots)}
-    return np.array([half[find(p.a)] for p in pairs])
-
-
 def second_stage(pairs: Sequence[Pair], delta: np.ndarray) -> None:
     """Scorer alone vs scorer + (grey zone and likelihood delta) at <= 1 % wrong, chosen on one half."""
     from cache.embedder import Embedder
     from cache.scorer import PairScorer
     from semserve.tooling.cache_eval import pair_similarities
+    from semserve.tooling.judge_calibration import intent_halves
     from semserve.tooling.scorer_training import pair_rows
 
     hard = frozenset({"negation", "number", "date"})

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from kserve.errors import InvalidInput
@@ -31,6 +31,7 @@ from transformers_svc import metrics
 from transformers_svc.config import TransformerSettings
 
 log = get_logger("semserve.transformer.upstream")
+_T = TypeVar("_T")
 
 # What the predictor generates from: a raw prompt, or a chat it renders with its template.
 Prompt = str | ChatPrompt
@@ -133,10 +134,37 @@ class PredictorClient:
     async def generate(self, prompt: Prompt, options: SamplingOptions, request_id: str) -> Piece:
         """The predictor's whole answer (ModelInfer)."""
         span = self._span("ModelInfer", _prompt_kind(prompt))
+
+        def request() -> pb.ModelInferRequest:
+            return self._request(prompt, options, request_id, stream=False)
+
+        return await self._unary(request, request_id, span, self.model, _piece)
+
+    async def judge(self, query: str, cached: str, request_id: str) -> float:
+        """The predictor's P(one answer fits both prompts), from its `{model}-judge` model
+        (ModelInfer). Fails as generate() does: a ServingError, never a guess."""
+        model = judge_model_name(self.model)
+        span = self._span("ModelInfer", "judge", model)
+
+        def request() -> pb.ModelInferRequest:
+            inputs = [_bytes_input(QUERY_INPUT, query.encode()), _bytes_input(CACHED_INPUT, cached.encode())]
+            return pb.ModelInferRequest(model_name=model, id=request_id, inputs=inputs)
+
+        return await self._unary(request, request_id, span, model, _probability)
+
+    async def _unary(
+        self,
+        build: Callable[[], pb.ModelInferRequest],
+        request_id: str,
+        span: Any,
+        model: str,
+        parse: Callable[[pb.ModelInferResponse], _T],
+    ) -> _T:
+        """One ModelInfer, with the span, gRPC status and call metrics every unary call records."""
         try:
             try:
                 response = await self._call(service.MODEL_INFER, stream=False)(
-                    self._request(prompt, options, request_id, stream=False),
+                    build(),
                     timeout=self.settings.predictor_timeout_s,
                     metadata=self._metadata(request_id, span),
                 )
@@ -144,37 +172,7 @@ class PredictorClient:
                 span.set_attribute("rpc.grpc.status_code", err.code().value[0])
                 raise _from_grpc(err) from None
             span.set_attribute("rpc.grpc.status_code", 0)
-            piece = _piece(response)
-        except ServingError as exc:
-            metrics.PREDICTOR_CALLS.labels(self.model, "grpc", metrics.outcome_of(exc)).inc()
-            tracing.fail(span, exc)
-            raise
-        finally:
-            span.end()
-        metrics.PREDICTOR_CALLS.labels(self.model, "grpc", "ok").inc()
-        return piece
-
-    async def judge(self, query: str, cached: str, request_id: str) -> float:
-        """The predictor's P(one answer fits both prompts), from its `{model}-judge` model
-        (ModelInfer). Fails as generate() does: a ServingError, never a guess."""
-        model = judge_model_name(self.model)
-        span = self._span("ModelInfer", "judge", model)
-        request = pb.ModelInferRequest(
-            model_name=model,
-            id=request_id,
-            inputs=[_bytes_input(QUERY_INPUT, query.encode()), _bytes_input(CACHED_INPUT, cached.encode())],
-        )
-        try:
-            try:
-                response = await self._call(service.MODEL_INFER, stream=False)(
-                    request, timeout=self.settings.predictor_timeout_s,
-                    metadata=self._metadata(request_id, span),
-                )
-            except grpc.aio.AioRpcError as err:
-                span.set_attribute("rpc.grpc.status_code", err.code().value[0])
-                raise _from_grpc(err) from None
-            span.set_attribute("rpc.grpc.status_code", 0)
-            probability = _probability(response)
+            result = parse(response)
         except ServingError as exc:
             metrics.PREDICTOR_CALLS.labels(model, "grpc", metrics.outcome_of(exc)).inc()
             tracing.fail(span, exc)
@@ -182,7 +180,7 @@ class PredictorClient:
         finally:
             span.end()
         metrics.PREDICTOR_CALLS.labels(model, "grpc", "ok").inc()
-        return probability
+        return result
 
     async def stream(self, prompt: Prompt, options: SamplingOptions, request_id: str) -> AsyncIterator[Piece]:
         """The predictor's answer as it is generated (ModelStreamInfer). Closing this generator
