@@ -23,7 +23,8 @@ class LookupResult:
     entry_id: str | None = None
     cached_prompt: str | None = None  # the stored prompt of the served entry
     candidates: int = 0  # KNN results at or above min_similarity
-    timings: dict[str, float] = field(default_factory=dict)  # ms: exact, embed, search, verify, total
+    # ms: exact, embed, search, verify (judge within it, when asked), total
+    timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # why, when status == "error"
     # The embedding computed during the lookup: pass it to store()/run_once() to avoid a second one.
     vector: np.ndarray | None = field(default=None, repr=False)
