@@ -3,6 +3,7 @@ offline on the calibration split with transformers/torch (the `dev` extra) on th
 
     .venv/bin/python -m bench.llm_judge yes-no [--limit 400]
     .venv/bin/python -m bench.llm_judge likelihood [--split calib]
+    .venv/bin/python -m bench.llm_judge latency --predictor-url http://127.0.0.1:8090 [--calls 40]
 
   yes-no      the judge prompt the predictor's judge model uses (predictors/judge.py): log P(Yes) - log
               P(No) at the first answer position. ROC AUC and served at 1 / 5 / 20 % wrong, alone.
@@ -10,6 +11,8 @@ offline on the calibration split with transformers/torch (the `dev` extra) on th
               of that answer after the new prompt minus after its own prompt: a paraphrase should leave the
               answer as likely, a look-alike make it less likely. Alone, and as a second stage for the
               scorer's grey zone, chosen on one half of the calibration intents and read on the other.
+  latency     the predictor's judge model (`semserve predictor` running) asked one pair at a time over
+              v2 REST: p50 / p90 of one call, after five warm-up calls.
 """
 
 from __future__ import annotations
@@ -153,6 +156,29 @@ def second_stage(pairs: Sequence[Pair], delta: np.ndarray) -> None:
               f"other half served {b_s:.3f} wrong {b_w:.4f}")
 
 
+def latency(url: str, calls: int) -> None:
+    import asyncio
+
+    import httpx
+
+    from semserve.tooling.judge_calibration import judge_probabilities
+
+    pairs = pairs_of("eval")[: calls + 5]
+
+    async def timed() -> list[float]:
+        ms = []
+        async with httpx.AsyncClient() as client:
+            for p in pairs:
+                t = time.perf_counter()
+                await judge_probabilities([p], url, "llm", 1, client=client)
+                ms.append((time.perf_counter() - t) * 1000.0)
+        return ms[5:]
+
+    ms = np.array(asyncio.run(timed()))
+    print(f"judge call over v2 REST, one at a time: p50 {np.median(ms):.1f} ms, "
+          f"p90 {np.percentile(ms, 90):.1f} ms ({len(ms)} calls)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="judge", required=True)
@@ -160,7 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     y.add_argument("--limit", type=int, default=400)
     lk = sub.add_parser("likelihood")
     lk.add_argument("--split", default="calib", choices=("calib", "eval"))
+    lt = sub.add_parser("latency")
+    lt.add_argument("--predictor-url", required=True)
+    lt.add_argument("--calls", type=int, default=40)
     args = ap.parse_args(argv)
+    if args.judge == "latency":
+        latency(args.predictor_url, args.calls)
+        return 0
     judge = SmolJudge()
     t = time.perf_counter()
     if args.judge == "yes-no":

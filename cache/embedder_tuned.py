@@ -73,7 +73,6 @@ def manifest_path(delta: Path) -> Path:
     return delta.with_suffix(".json")
 
 
-
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")

@@ -171,10 +171,7 @@ class Engine:
     async def prepare(self, prompt: str, options: SamplingOptions, field: str = "prompt") -> Prepared:
         if not self.ready:
             raise Unavailable("the engine is not ready yet")
-        if len(prompt) > _THREAD_TOKENIZE_CHARS:
-            ids = await asyncio.to_thread(self._encode, prompt)
-        else:
-            ids = self._encode(prompt)
+        ids = await self._tokens(prompt)
         n = len(ids)
         if n == 0:
             raise BadRequest(f"{field} is empty after tokenization", field)
@@ -189,6 +186,11 @@ class Engine:
                 "max_tokens",
             )
         return Prepared(ids, options)
+
+    async def _tokens(self, prompt: str) -> list[int]:
+        if len(prompt) > _THREAD_TOKENIZE_CHARS:
+            return await asyncio.to_thread(self._encode, prompt)
+        return self._encode(prompt)
 
     def _encode(self, prompt: str) -> list[int]:
         # Chat templates already carry the special tokens; plain prompts get none added, as vLLM does.
@@ -207,10 +209,7 @@ class Engine:
         prompt = self.tokenizer.apply_chat_template(
             judge_messages(query, cached), tokenize=False, add_generation_prompt=True
         )
-        if len(prompt) > _THREAD_TOKENIZE_CHARS:
-            ids = await asyncio.to_thread(self._encode, prompt)
-        else:
-            ids = self._encode(prompt)
+        ids = await self._tokens(prompt)
         if len(ids) + 1 > self.max_model_len:
             longer = QUERY_INPUT if len(query) >= len(cached) else CACHED_INPUT
             raise BadRequest(

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import kserve
 import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse
 
@@ -21,7 +20,7 @@ from semserve import v2
 from semserve.errors import BadRequest, Unavailable
 from semserve.judge_protocol import CACHED_INPUT, PROBABILITY_OUTPUT, QUERY_INPUT, judge_model_name
 from semserve.serving import InvalidInput400, Unavailable503
-from semserve.text_model import request_id
+from semserve.text_model import V2Model, request_id
 
 if TYPE_CHECKING:  # the engine imports this module's prompt; the model only needs its type
     from predictors.engine import Engine
@@ -109,7 +108,7 @@ def _text(payload: InferRequest, name: str) -> str:
     return v2._decode(items[0], 0, name)
 
 
-class SameAnswerJudge(kserve.Model):
+class SameAnswerJudge(V2Model):
     """`{model}-judge`, sharing the main model's Engine (one engine, one continuous batch)."""
 
     def __init__(self, model_name: str, engine: Engine) -> None:
@@ -130,14 +129,7 @@ class SameAnswerJudge(kserve.Model):
     async def get_output_types(self) -> list[dict[str, Any]]:
         return OUTPUTS_METADATA
 
-    async def predict(
-        self,
-        payload: InferRequest | dict[str, Any],
-        headers: dict[str, str] | None = None,
-        response_headers: dict[str, str] | None = None,
-    ) -> InferResponse:
-        if not isinstance(payload, InferRequest):
-            raise InvalidInput400(f"this model speaks the v2 protocol: POST /v2/models/{self.name}/infer")
+    async def infer(self, payload: InferRequest, headers: dict[str, str]) -> InferResponse:
         if not self.llm.ready:
             raise Unavailable503(f"model {self.name} is not ready: the engine is still starting")
         rid = request_id(payload, headers)

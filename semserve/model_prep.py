@@ -48,7 +48,6 @@ def find_gguf() -> Path:
     return path
 
 
-
 def _checksums(model_dir: Path) -> dict[str, str]:
     return {
         p.name: file_sha256(p)

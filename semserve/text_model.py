@@ -1,5 +1,5 @@
-"""The kserve.Model both services build on: the v2 text contract (semserve/v2.py) on predict and in
-the model's metadata. Subclasses answer `infer`, with the request already known to be v2."""
+"""The kserve.Models both services build on: V2Model answers only the v2 protocol (predict checks it,
+subclasses answer `infer`), TextModel adds the v2 text contract (semserve/v2.py) in its metadata."""
 
 from __future__ import annotations
 
@@ -12,13 +12,7 @@ from kserve.errors import InvalidInput
 from semserve import v2
 
 
-class TextModel(kserve.Model):
-    async def get_input_types(self) -> list[dict[str, Any]]:
-        return v2.INPUTS_METADATA
-
-    async def get_output_types(self) -> list[dict[str, Any]]:
-        return v2.OUTPUTS_METADATA
-
+class V2Model(kserve.Model):
     async def predict(
         self,
         payload: InferRequest | dict[str, Any],
@@ -26,11 +20,19 @@ class TextModel(kserve.Model):
         response_headers: dict[str, str] | None = None,
     ) -> InferResponse:
         if not isinstance(payload, InferRequest):
-            raise InvalidInput("this model speaks the v2 protocol: POST /v2/models/{name}/infer")
+            raise InvalidInput(f"this model speaks the v2 protocol: POST /v2/models/{self.name}/infer")
         return await self.infer(payload, headers or {})
 
     async def infer(self, payload: InferRequest, headers: dict[str, str]) -> InferResponse:
         raise NotImplementedError
+
+
+class TextModel(V2Model):
+    async def get_input_types(self) -> list[dict[str, Any]]:
+        return v2.INPUTS_METADATA
+
+    async def get_output_types(self) -> list[dict[str, Any]]:
+        return v2.OUTPUTS_METADATA
 
 
 def request_id(payload: InferRequest, headers: dict[str, str] | None) -> str:

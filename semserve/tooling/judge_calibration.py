@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -78,9 +79,11 @@ def verdicts(pairs: Sequence[Pair], max_wrong_rate: float, min_similarity: float
 
 
 async def judge_probabilities(
-    pairs: Sequence[Pair], url: str, model: str, concurrency: int, timeout_s: float = 60.0
+    pairs: Sequence[Pair], url: str, model: str, concurrency: int, timeout_s: float = 60.0,
+    client: Any = None,
 ) -> list[float]:
-    """P(same answer) from the predictor's judge model for each pair, over KServe v2 REST."""
+    """P(same answer) from the predictor's judge model for each pair, over KServe v2 REST (on
+    `client`, an httpx.AsyncClient, when given)."""
     import httpx
 
     endpoint = f"{url.rstrip('/')}/v2/models/{judge_model_name(model)}/infer"
@@ -102,8 +105,10 @@ async def judge_probabilities(
                 return float(out["data"][0])
         raise RuntimeError(f"{endpoint}: no {PROBABILITY_OUTPUT} output")
 
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
+    if client is not None:
         return list(await asyncio.gather(*(one(client, p) for p in pairs)))
+    async with httpx.AsyncClient(timeout=timeout_s) as own:
+        return list(await asyncio.gather(*(one(own, p) for p in pairs)))
 
 
 def _rates(v: PairVerdicts, serve: np.ndarray, among: np.ndarray) -> tuple[float, float]:
