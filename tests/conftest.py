@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +50,31 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+class _RunningPredictor(ServerProcess):
+    """A predictor this session did not start (SEMSERVE_TEST_PREDICTOR): never stopped by it."""
+
+    def stop(self, timeout_s: float = 60) -> int | None:
+        return None
+
+
+def _running_predictor() -> Predictor | None:
+    # Development only: several pytest runs on this 2-core machine share one predictor that is
+    # already up, "http://127.0.0.1:P,127.0.0.1:G[,log path]". Tests that stop or restart the
+    # predictor must be deselected then (-m "not stops_predictor and not restarts_predictor").
+    spec = os.environ.get("SEMSERVE_TEST_PREDICTOR")
+    if not spec:
+        return None
+    http, grpc, *log = spec.split(",")
+    proc = _RunningPredictor([], Path(log[0]) if log else LOG_DIR / "predictor.log")
+    return Predictor(http, grpc, proc)
+
+
 @pytest.fixture(scope="session")
 def predictor() -> Iterator[Predictor]:
+    running = _running_predictor()
+    if running is not None:
+        yield running
+        return
     http_port, grpc_port = free_port(), free_port()
     proc = ServerProcess(
         [
