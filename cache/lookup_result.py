@@ -8,8 +8,8 @@ from typing import Literal
 
 import numpy as np
 
-from cache.answer import Payload
 from cache.interfaces import Verdict
+from cache.payload import Payload
 
 Status = Literal["exact", "semantic", "miss", "bypass", "error"]
 

@@ -38,7 +38,6 @@ import numpy as np
 from redis.exceptions import RedisError, ResponseError
 
 from cache import keys
-from cache.answer import Payload
 from cache.counters import CacheCounters
 from cache.epoch import SharedEpoch
 from cache.health import UNREACHABLE, RedisHealth
@@ -47,6 +46,7 @@ from cache.judge_step import JudgeStep
 from cache.keys import CacheRequest
 from cache.lease import Claim, ReplicaFlights
 from cache.lookup_result import LookupResult
+from cache.payload import Payload
 from cache.redis_spans import RedisSpans
 from cache.settings import CacheSettings
 from cache.single_flight import SingleFlight

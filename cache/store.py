@@ -34,8 +34,8 @@ from redis.commands.search.querystring import intersect, tags
 from redis.exceptions import ResponseError
 
 from cache import keys
-from cache.answer import Payload, dumps, loads
 from cache.keys import CacheRequest
+from cache.payload import Payload, dumps, loads
 from cache.redis_client import make_client
 from cache.schema import (
     F_ANSWER,
@@ -92,7 +92,7 @@ return {created, evicted}
 
 @dataclass(frozen=True)
 class CachedAnswer:
-    answer: Payload  # the service's payload, returned as stored (cache/answer.py)
+    answer: Payload  # the service's payload, returned as stored (cache/payload.py)
     entry_id: str
     created_at: float  # unix seconds (Redis clock)
     similarity: float = 1.0  # 1.0 for exact hits

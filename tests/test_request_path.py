@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 from kserve import InferInput, InferRequest
 
-from cache.answer import Answer
 from semserve import openai_protocol as oa
 from semserve import openai_routes
+from semserve.answer import Answer, Piece
 from semserve.errors import BadRequest, Unavailable
 from semserve.sampling import SamplingOptions
 from semserve.serving import InvalidInput400
@@ -20,7 +20,6 @@ from transformers_svc.auth import tenant_var
 from transformers_svc.cache_front import CacheFront, answer_of, hit_answer
 from transformers_svc.config import TransformerSettings
 from transformers_svc.openai_backend import ChatFormatter, CompletionFormatter
-from transformers_svc.predictor_client import Piece
 from transformers_svc.request_context import (
     RequestContext,
     RequestRecord,

@@ -2,7 +2,7 @@
 build its cache key, answer from the cache or from the predictor (once for identical misses), and
 store complete answers.
 
-Answers are cache.answer.Answer (text, finish reason, token counts, the model revision that made
+Answers are semserve.answer.Answer (text, finish reason, token counts, the model revision that made
 it): v2 and OpenAI completions (both: a raw prompt in, text out) share entries; chat has its own kind.
 
 An answer the predictor says was produced by another model revision than this transformer's
@@ -18,14 +18,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cache.answer import Answer
 from cache.keys import CacheRequest, Kind, SamplingParams
 from cache.lease import Claim
 from cache.policy import LookupResult, SemanticCache
+from semserve.answer import Answer, Piece
 from semserve.logs import get_logger
 from transformers_svc import metrics
 from transformers_svc.config import TransformerSettings
-from transformers_svc.predictor_client import Piece
 from transformers_svc.request_context import RequestContext
 from transformers_svc.shared_streams import SharedStreams
 

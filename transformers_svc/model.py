@@ -21,9 +21,9 @@ from typing import Any
 from kserve import InferRequest, InferResponse
 from kserve.errors import ModelNotFound
 
-from cache.answer import Answer
 from cache.keys import CacheRequest
 from semserve import tracing, v2
+from semserve.answer import Answer, Piece
 from semserve.errors import BadRequest, NotFound, Unavailable
 from semserve.serving import InvalidInput400, Unavailable503
 from semserve.streams import merge_streams
@@ -40,7 +40,7 @@ from transformers_svc.cache_front import (
     replay,
 )
 from transformers_svc.config import TransformerSettings
-from transformers_svc.predictor_client import Piece, PredictorClient, Prompt
+from transformers_svc.predictor_client import PredictorClient, Prompt
 from transformers_svc.request_context import (
     Listener,
     RequestContext,

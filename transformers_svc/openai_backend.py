@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from cache.answer import Answer
 from cache.keys import CacheRequest
 from semserve import openai_protocol as oa
 from semserve import openai_routes, tracing
+from semserve.answer import Answer, Piece
 from semserve.errors import BadRequest, NotFound
 from transformers_svc import metrics
 from transformers_svc.cache_front import (
@@ -36,7 +36,7 @@ from transformers_svc.cache_front import (
     replay,
 )
 from transformers_svc.config import TransformerSettings
-from transformers_svc.predictor_client import Piece, PredictorClient, Prompt
+from transformers_svc.predictor_client import PredictorClient, Prompt
 from transformers_svc.request_context import (
     Listener,
     RequestContext,

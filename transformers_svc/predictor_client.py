@@ -13,13 +13,13 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 from kserve.errors import InvalidInput
 
 from semserve import tracing, v2
+from semserve.answer import Piece
 from semserve.errors import BadRequest, NotFound, ServingError, Unavailable
 from semserve.judge_protocol import CACHED_INPUT, PROBABILITY_OUTPUT, QUERY_INPUT, judge_model_name
 from semserve.logs import get_logger
@@ -35,17 +35,6 @@ _T = TypeVar("_T")
 
 # What the predictor generates from: a raw prompt, or a chat it renders with its template.
 Prompt = str | ChatPrompt
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One response of the predictor: a text piece (streamed) or a whole answer."""
-
-    text: str
-    finish_reason: str | None  # None until the generation ends
-    completion_tokens: int  # so far
-    prompt_tokens: int
-    model_revision: str | None  # None: the predictor reports none
 
 
 def _sampling_json(options: SamplingOptions) -> str:

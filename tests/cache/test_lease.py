@@ -106,9 +106,9 @@ async def test_two_caches_on_one_redis_produce_once(
 ) -> None:
     """SemanticCache.run_once across two "replicas" (own clients, own in-process flights): one
     produce, both get its answer; with the lease off, each produces."""
-    from cache.answer import Answer
     from cache.policy import SemanticCache
     from cache.store import RedisCacheStore
+    from semserve.answer import Answer
     from tests.cache.conftest import chat, make_settings
     from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 

@@ -1,16 +1,13 @@
-"""The answer the services cache: a generation's text result plus the model revision that made it,
-and the one place it is turned into the JSON stored in Redis and back.
+"""The one result type of both services: an Answer (a whole generation's text result plus the model
+revision that made it) and the Pieces it arrives in when streamed. The predictor's engine makes them,
+the predictor client reads them off the wire, the transformer caches, replays and formats them.
 
-The stored JSON is {"text", "finish_reason", "completion_tokens", "prompt_tokens"} plus
-"model_revision" when the predictor reported one: the format entries have always had, so entries
-written before this type existed are read as Answers. The cache itself stays a store of JSON
-payloads: a payload that is not answer-shaped (the cache eval's markers, a test's {"text": ...})
-round-trips as the plain object it was.
+Answer's JSON ({"text", "finish_reason", "completion_tokens", "prompt_tokens"} plus "model_revision"
+when the predictor reported one) is the format cache entries have always had (cache/payload.py).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,18 +57,15 @@ class Answer:
         return cls(text, reason, completion, prompt, str(revision) if revision else None)
 
 
-# What the cache stores: an Answer, or any other JSON-able object (opaque to the cache).
-Payload = Answer | dict[str, Any]
 
 
-def dumps(payload: Payload) -> str:
-    """The JSON text stored in Redis."""
-    obj = payload.to_json() if isinstance(payload, Answer) else payload
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False)
+@dataclass(frozen=True)
+class Piece:
+    """One step of an answer as it is generated: new text, and the counts so far. The last piece of
+    a generation carries its finish reason (None before)."""
 
-
-def loads(text: str) -> Payload:
-    """The stored payload: an Answer when the JSON is one, else the decoded object as it was."""
-    obj = json.loads(text)
-    answer = Answer.from_json(obj)
-    return answer if answer is not None else obj
+    text: str
+    finish_reason: str | None
+    completion_tokens: int  # so far
+    prompt_tokens: int
+    model_revision: str | None = None  # None: the predictor reports none

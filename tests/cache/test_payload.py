@@ -1,4 +1,4 @@
-"""cache/answer.py: the typed answer and the JSON it is stored as (the format entries always had)."""
+"""cache/payload.py: the typed answer (semserve/answer.py) and the JSON it is stored as (the format entries always had)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from cache.answer import Answer, dumps, loads
 from cache.keys import CacheRequest, SamplingParams, fingerprint
+from cache.payload import dumps, loads
+from semserve.answer import Answer
 from semserve.sampling import SamplingOptions
 
 
