@@ -25,7 +25,7 @@ class PeerLatency:
 
 
 def our_cache(redis_url: str, deployment: str, embedder: Any, verifier: Any) -> Any:
-    from cache.policy import SemanticCache
+    from cache.semantic_cache import SemanticCache
     from cache.settings import CacheSettings
     from cache.store import RedisCacheStore
 
@@ -42,9 +42,9 @@ async def peer_latency(
     exact_prompts: Sequence[str], semantic_prompts: Sequence[str], iters: int, rng: random.Random,
 ) -> list[PeerLatency]:
     from bench.redisvl_peer import Peer
-    from cache.keys import CacheRequest, SamplingParams
+    from cache.keys import CacheRequest, SamplingKey
 
-    sampling = SamplingParams(max_tokens=8, temperature=0.0)
+    sampling = SamplingKey(max_tokens=8, temperature=0.0)
 
     def req(prompt: str) -> CacheRequest:
         return CacheRequest(tenant="bench-peer", model=MODEL, kind="completion", prompt=prompt,

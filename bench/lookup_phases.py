@@ -160,15 +160,15 @@ async def measure(
     concurrency: int = 1,
 ) -> Samples:
     from cache.embedder import Embedder
-    from cache.keys import CacheRequest, SamplingParams
-    from cache.policy import SemanticCache
+    from cache.keys import CacheRequest, SamplingKey
+    from cache.semantic_cache import SemanticCache
     from cache.settings import CacheSettings, EmbedderSettings
     from cache.store import RedisCacheStore
     from cache.verify import RuleVerifier
 
     stored, paraphrases, vectors, ref_embedder = served_pairs()
     print(f"  {len(stored)} stored prompts, {len(paraphrases)} paraphrases", flush=True)
-    sampling = SamplingParams(max_tokens=8, temperature=0.0)
+    sampling = SamplingKey(max_tokens=8, temperature=0.0)
 
     def req(prompt: str) -> CacheRequest:
         return CacheRequest(tenant="bench-phases", model="llm", kind="completion", prompt=prompt,

@@ -22,12 +22,12 @@ ANSWER = json.dumps({"text": "a synthetic answer of a few words", "finish_reason
 def server_request(prompt: str, tenant: str = SERVER_TENANT) -> object:
     """The CacheRequest the transformer builds for a v2 REST completion with the bench's
     parameters (max_tokens, temperature 0, no revision): checked against the server at run time."""
-    from cache.keys import CacheRequest, SamplingParams
+    from cache.keys import CacheRequest, SamplingKey
     from semserve.sampling import parse_sampling
 
     options = parse_sampling({"max_tokens": SERVER_MAX_TOKENS, "temperature": 0})
     return CacheRequest(tenant=tenant, model="llm", kind="completion", prompt=prompt,
-                        sampling=SamplingParams.from_mapping(options.to_dict()))
+                        sampling=SamplingKey.from_mapping(options.to_dict()))
 
 
 def tenant_names(tenants: int) -> list[str]:

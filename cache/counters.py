@@ -21,7 +21,7 @@ class CacheCounters:
     index_created: int = 0
     verifier_rejections: int = 0
     verifier_errors: int = 0
-    judge_calls: int = 0  # grey-zone scorer rejections asked again (cache.policy, with a judge)
+    judge_calls: int = 0  # grey-zone scorer rejections asked again (cache.semantic_cache, with a judge)
     judge_accepts: int = 0  # of those, served on the judge's word
     judge_errors: int = 0  # judge calls that failed or timed out (each a rejection)
     internal_errors: int = 0  # bugs or corrupt entries, turned into status "error"

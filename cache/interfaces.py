@@ -1,4 +1,4 @@
-"""The pluggable parts of the semantic cache, as protocols: the cache policy (cache.policy)
+"""The pluggable parts of the semantic cache, as protocols: the cache policy (cache.semantic_cache)
 depends only on these, the real implementations live in cache.embedder and cache.verify (and, for
 the optional same-answer judge, in transformers_svc.judge).
 """

@@ -1,4 +1,4 @@
-"""The optional same-answer judge step of a lookup (cache.policy): a second opinion on the one
+"""The optional same-answer judge step of a lookup (cache.semantic_cache): a second opinion on the one
 candidate the scorer rejected by score alone in its grey zone. Kept apart from the policy so the
 verify loop stays one screen; with no judge the step is never taken.
 

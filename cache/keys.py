@@ -44,7 +44,7 @@ _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class SamplingKey:
     """The sampling parameters that change the answer. None means "the server default"."""
 
     max_tokens: int | None = None
@@ -58,7 +58,7 @@ class SamplingParams:
     extra: Mapping[str, Any] | None = None
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> SamplingParams:
+    def from_mapping(cls, options: Mapping[str, Any]) -> SamplingKey:
         """From a dict such as semserve.sampling.SamplingOptions.to_dict(). Pass the resolved
         options (defaults filled in), so an omitted field and its explicit default key alike.
         Keys not named here go to `extra`, so they still count."""
@@ -70,7 +70,7 @@ class SamplingParams:
         return cls(**kw, extra=extra or None)
 
     @classmethod
-    def from_options(cls, options: SamplingOptions) -> SamplingParams:
+    def from_options(cls, options: SamplingOptions) -> SamplingKey:
         """From the services' validated options (defaults filled in): the same params, and so the
         same fingerprint, as `from_mapping(options.to_dict())`."""
         return cls(
@@ -116,7 +116,7 @@ class CacheRequest:
     kind: Kind
     prompt: str  # the last user message; the only part matched semantically
     context: Any = None  # JSON-able: system prompt, earlier turns, tools, response_format, ...
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingKey = field(default_factory=SamplingKey)
     model_revision: str | None = None
     # The cache epoch (CacheSettings.epoch): bumping it makes every older entry unreadable at once.
     epoch: int = 0

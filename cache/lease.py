@@ -1,6 +1,6 @@
 """Single flight across replicas: the first replica to miss on a key generates, the others wait.
 
-Per process, identical concurrent misses already share one generation (cache.policy `run_once`,
+Per process, identical concurrent misses already share one generation (cache.semantic_cache `run_once`,
 transformers_svc.shared_streams). This adds one step for the process's leader of a key: a lease in
 Redis, so that N replicas behind a load balancer make one predictor call for a burst, not N.
 

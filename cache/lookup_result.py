@@ -1,4 +1,4 @@
-"""What a cache lookup returns (cache.policy.SemanticCache.lookup): the status, the served answer
+"""What a cache lookup returns (cache.semantic_cache.SemanticCache.lookup): the status, the served answer
 and how it was decided."""
 
 from __future__ import annotations

@@ -1,101 +1,139 @@
-"""Single flight: concurrent identical misses in this process (same exact key) call `produce` once;
-the others wait up to `singleflight_wait_s` for its answer. Decisions:
-- if the leader's `produce` raises, the waiters get the same exception: it is the same request, so
-  the same failure is the likely outcome, and N retries would hit a predictor that is already
-  failing. The client may retry.
-- if the leader is cancelled (its client went away), the waiters are not: they form a new flight,
-  one of them becomes the leader.
-- a waiter whose wait runs out calls its own `produce` (bounded wait, never a hang).
-Across replicas (cache/lease.py, `singleflight_replicas`): this process's leader of a key first
-takes a lease in Redis (`claim`); when another replica holds it, it waits for that replica's stored
-answer (`peer_answer`) and serves it. Only flights whose answer would be stored take part.
+"""Single flight in one process: identical concurrent requests share one generation, unary or
+streamed. The one mechanism for both (transformers_svc/answer_pipeline.py drives a unary request
+as a generation of one piece); across replicas the pipeline adds the lease of cache/lease.py.
 
-Tracing: `semserve.cache.singleflight.wait` for a request that joins a flight.
+The first request of a key starts the source stream in a task of its own; every request of that key
+(the first included) listens to it from its start, so a follower that arrives after some items gets
+them at once and then the rest as they come. The generation lives as long as anybody listens: a
+listener that leaves does not stop it for the others, and the last one to leave cancels it (the
+predictor aborts). If the source fails, every listener gets its exception (the same request would
+most likely fail the same way; the client may retry).
+
+Read-your-writes: a generation's last item (or the end of a source that never sends one) is first
+handed to `on_complete` (the store, then the lease's release), and only then given to the
+listeners: no listener can send its final response before the answer is stored, and requests
+arriving meanwhile still join this generation rather than miss.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
-from cache.counters import CacheCounters
-from cache.lease import Claim
-from cache.settings import CacheSettings
-from semserve import tracing
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
-class _LeaderCancelled(Exception):
-    pass
+class Broadcast(Generic[T]):
+    """One source stream, replayed from its start to every listener."""
+
+    def __init__(
+        self,
+        source: AsyncIterator[T],
+        on_complete: Callable[[list[T]], Awaitable[None]],
+        on_end: Callable[[], None],
+        is_last: Callable[[T], bool] = lambda _: False,
+    ) -> None:
+        self.items: list[T] = []
+        self.done = False
+        self.error: BaseException | None = None
+        self.listeners = 0
+        self._source = source
+        self._on_complete = on_complete
+        self._on_end = on_end
+        self._is_last = is_last
+        self._completing = False  # on_complete runs: nobody may cancel it by leaving
+        self._changed = asyncio.Event()
+        self._task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            last: T | None = None
+            async for item in self._source:
+                if self._is_last(item):
+                    last = item
+                    break
+                self.items.append(item)
+                self._notify()
+            await self._complete(last)
+            # The source may take a moment more to close behind its last item (a gRPC stream's
+            # end); nobody waits for that.
+        except asyncio.CancelledError:
+            self.error = self.error or asyncio.CancelledError()
+            raise
+        except Exception as exc:
+            self.error = exc
+        finally:
+            self._notify()
+            self._on_end()
+            with contextlib.suppress(Exception):
+                await self._source.aclose()  # type: ignore[attr-defined]
+
+    async def _complete(self, last: T | None) -> None:
+        """Hand the whole generation to on_complete, then publish its last item."""
+        whole = [*self.items, last] if last is not None else list(self.items)
+        self._completing = True
+        with contextlib.suppress(Exception):  # the store fails open; the answer is served
+            await self._on_complete(whole)
+        if last is not None:
+            self.items.append(last)
+        self.done = True
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def listen(self) -> AsyncIterator[T]:
+        self.listeners += 1
+        seen = 0
+        try:
+            while True:
+                while seen < len(self.items):
+                    seen += 1
+                    yield self.items[seen - 1]
+                if self.done:
+                    return
+                if self.error is not None:
+                    raise self.error
+                await self._changed.wait()
+        finally:
+            self.listeners -= 1
+            if self.listeners == 0 and not self.done and not self._completing:
+                # Nobody is left to read it: stop the generation (the predictor aborts).
+                self._task.cancel()
 
 
-class SingleFlight:
-    """The flights of one cache in this process, by exact key."""
+class SingleFlight(Generic[T]):
+    """Broadcasts by key, for as long as their generation runs."""
 
-    def __init__(self, counters: CacheCounters, settings: CacheSettings) -> None:
-        self.counters = counters
-        self.settings = settings  # read at each wait: `singleflight_wait_s` may change at run time
-        self.flights: dict[str, asyncio.Future[Any]] = {}
+    def __init__(self) -> None:
+        self._running: dict[str, Broadcast[T]] = {}
+        self.started = 0
+        self.joined = 0
 
-    async def run(
+    def listen(
         self,
         key: str,
-        produce: Callable[[], Awaitable[T]],
-        *,
-        claim: Callable[[], Awaitable[Claim]] | None,
-        peer_answer: Callable[[], Awaitable[Any]],
-        store: Callable[[T], Awaitable[bool]] | None,
-        should_store: Callable[[T], bool] | None = None,
-    ) -> T:
-        """Call `produce` once for all concurrent callers of `key`. The leader takes the replicas'
-        lease (`claim`, None: no replicas) and stores its answer (`store`, None: no store; only if
-        `should_store(answer)`) before the flight closes, so requests arriving in between still
-        share it."""
-        while True:
-            fut = self.flights.get(key)
-            if fut is None:
-                break
-            self.counters.singleflight_joined += 1
-            with tracing.span("semserve.cache.singleflight.wait") as span:
-                try:
-                    answer = await asyncio.wait_for(asyncio.shield(fut), self.settings.singleflight_wait_s)
-                    span.set_attribute("semserve.cache.singleflight.outcome", "shared")
-                    return answer
-                except TimeoutError:
-                    self.counters.singleflight_wait_timeouts += 1
-                    span.set_attribute("semserve.cache.singleflight.outcome", "timeout")
-                except _LeaderCancelled:
-                    span.set_attribute("semserve.cache.singleflight.outcome", "leader_cancelled")
-                    continue
-            # Out of the wait span: the request's own predictor call is not part of the wait.
-            return await produce()
+        start: Callable[[], AsyncIterator[T]],
+        on_complete: Callable[[list[T]], Awaitable[None]],
+        is_last: Callable[[T], bool] = lambda _: False,
+    ) -> tuple[AsyncIterator[T], bool]:
+        """The stream of `key` from its start, and whether this call started it. `is_last` says
+        which item ends the stream (the source may take a moment more to close)."""
+        broadcast = self._running.get(key)
+        if broadcast is not None and broadcast.error is None:
+            self.joined += 1
+            return broadcast.listen(), False
+        self.started += 1
+        broadcast = Broadcast(start(), on_complete, lambda: self._forget(key, broadcast), is_last)
+        self._running[key] = broadcast
+        return broadcast.listen(), True
 
-        self.counters.singleflight_leaders += 1
-        fut = asyncio.get_running_loop().create_future()
-        # Nobody may be waiting: do not let asyncio log "exception never retrieved".
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self.flights[key] = fut
-        lease = Claim("alone")
-        try:
-            try:
-                # Inside the flight's try: a leader cancelled while it claims still resolves the flight.
-                if claim is not None:
-                    lease = await claim()
-                shared = await peer_answer() if lease.role == "answered" else None
-                answer = shared if shared is not None else await produce()
-            except asyncio.CancelledError:
-                fut.set_exception(_LeaderCancelled())
-                raise
-            except BaseException as e:
-                fut.set_exception(e)
-                raise
-            fut.set_result(answer)  # release the waiters before the store round trip
-            if shared is None and store is not None and (should_store is None or should_store(answer)):
-                await lease.release(await store(answer))
-            return answer
-        finally:
-            await lease.release(False)  # not stored (or already released): one waiter takes over
-            if self.flights.get(key) is fut:
-                del self.flights[key]
+    def _forget(self, key: str, broadcast: Broadcast[T]) -> None:
+        if self._running.get(key) is broadcast:
+            del self._running[key]
+
+    def __len__(self) -> int:
+        return len(self._running)

@@ -15,7 +15,7 @@ objects. The lookup's KNN (`search`) is sent as raw FT.SEARCH arguments and its 
 is the one query on the hit path. The tag values in the filters are hex digests (cache.keys), so
 nothing needs escaping.
 
-This module does no timeouts or fail-open itself beyond the socket timeout: that is cache.policy's
+This module does no timeouts or fail-open itself beyond the socket timeout: that is cache.semantic_cache's
 job. Errors surface as redis-py exceptions.
 """
 

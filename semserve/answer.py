@@ -8,6 +8,7 @@ when the predictor reported one) is the format cache entries have always had (ca
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -57,8 +58,6 @@ class Answer:
         return cls(text, reason, completion, prompt, str(revision) if revision else None)
 
 
-
-
 @dataclass(frozen=True)
 class Piece:
     """One step of an answer as it is generated: new text, and the counts so far. The last piece of
@@ -69,3 +68,42 @@ class Piece:
     completion_tokens: int  # so far
     prompt_tokens: int
     model_revision: str | None = None  # None: the predictor reports none
+
+
+def answer_of(pieces: list[Piece]) -> Answer:
+    """The answer a generation made: its pieces joined, the last one's counts and finish reason
+    ("" when it never finished, which is not `complete`)."""
+    last = pieces[-1] if pieces else None
+    return Answer(
+        text="".join(p.text for p in pieces),
+        finish_reason=(last.finish_reason if last else None) or "",
+        completion_tokens=last.completion_tokens if last else 0,
+        prompt_tokens=max((p.prompt_tokens for p in pieces), default=0),
+        model_revision=next((p.model_revision for p in pieces if p.model_revision), None),
+    )
+
+
+def whole_piece(answer: Answer) -> Piece:
+    """An answer as the one piece of a generation (a unary generation, a peer replica's answer)."""
+    return Piece(answer.text, answer.finish_reason or None, answer.completion_tokens,
+                 answer.prompt_tokens, answer.model_revision)  # fmt: skip
+
+
+# Replayed hits arrive as word-sized pieces, like a generation would.
+_WORDS = re.compile(r"\S+\s*|\s+")
+
+
+def replay(answer: Answer) -> list[Piece]:
+    """A cached answer as the pieces of a generation; the last carries the finish reason and counts."""
+    texts = _WORDS.findall(answer.text) or [""]
+    last = len(texts) - 1
+    return [
+        Piece(
+            text=t,
+            finish_reason=answer.finish_reason if i == last else None,
+            completion_tokens=answer.completion_tokens if i == last else 0,
+            prompt_tokens=answer.prompt_tokens,
+            model_revision=answer.model_revision,
+        )
+        for i, t in enumerate(texts)
+    ]

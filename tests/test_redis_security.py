@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from cache.keys import CacheRequest
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore, make_client
 from semserve.config import Settings

@@ -11,13 +11,13 @@ from kserve import InferInput, InferRequest
 
 from semserve import openai_protocol as oa
 from semserve import openai_routes
-from semserve.answer import Answer, Piece
+from semserve.answer import Answer, Piece, answer_of
 from semserve.errors import BadRequest, Unavailable
 from semserve.sampling import SamplingOptions
 from semserve.serving import InvalidInput400
-from semserve.text_model import request_id
+from semserve.v2.text_model import request_id
+from transformers_svc.answer_pipeline import AnswerPipeline, hit_answer
 from transformers_svc.auth import tenant_var
-from transformers_svc.cache_front import CacheFront, answer_of, hit_answer
 from transformers_svc.config import TransformerSettings
 from transformers_svc.openai_backend import ChatFormatter, CompletionFormatter
 from transformers_svc.request_context import (
@@ -61,13 +61,13 @@ def test_openai_context() -> None:
 
 
 def test_cache_mode_follows_the_context() -> None:
-    front = CacheFront(TransformerSettings(), cache=None)
+    front = AnswerPipeline(TransformerSettings(), cache=None, predictor=None)  # type: ignore[arg-type]
     ctx = RequestContext("t", "r", "openai", "/x", frozenset(), SamplingOptions(temperature=0))
     assert not front.mode(ctx).used  # no cache configured
     front.cache = object()  # type: ignore[assignment]
-    assert front.mode(ctx).lookup and front.mode(ctx).store
+    assert front.mode(ctx).read and front.mode(ctx).write
     no_store = RequestContext("t", "r", "openai", "/x", frozenset({"no-store"}), ctx.sampling)
-    assert front.mode(no_store).lookup and not front.mode(no_store).store
+    assert front.mode(no_store).read and not front.mode(no_store).write
     sampled = RequestContext("t", "r", "openai", "/x", frozenset(), SamplingOptions(temperature=0.7))
     assert not front.mode(sampled).used  # the default policy caches deterministic requests only
     key = front.key(ctx, "completion", "hello")

@@ -22,11 +22,11 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 
 from cache import keys
-from cache.keys import CacheRequest, SamplingParams
-from cache.policy import SemanticCache
+from cache.keys import CacheRequest, SamplingKey
+from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
-from semserve.oip import tensors
+from semserve.v2 import grpc_tensors as tensors
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 from tests.conftest import Predictor, Transformer, start_transformer
 from transformers_svc.auth import hash_key
@@ -193,7 +193,7 @@ def test_exact_key_includes_the_tenant() -> None:
     array encoding is injective (every string is quoted and escaped, so no prompt can end the tenant's
     string early or move bytes into its slot), hence two requests share a key only if their tenants
     are equal strings, or sha256 collides. The entry id is that key, so it is also where it is stored."""
-    base = dict(model="llm", kind="completion", sampling=SamplingParams(temperature=0.0))
+    base = dict(model="llm", kind="completion", sampling=SamplingKey(temperature=0.0))
     b_key = keys.exact_key(CacheRequest(tenant=B, prompt="hello", **base))  # type: ignore[arg-type]
     crafted = ['hello', f'{B}","hello', f'", "{B}', f'"{B}"', "\\", f'{A}\x00{B}', f'{B}\\"hello']
     for prompt in crafted:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 from tests.support import free_port
-from transformers_svc.cache_front import CacheFront
+from transformers_svc.answer_pipeline import AnswerPipeline
 from transformers_svc.config import TransformerSettings
 from transformers_svc.model import SemanticCacheTransformer
 from transformers_svc.predictor_client import PredictorClient
@@ -19,7 +19,7 @@ from transformers_svc.predictor_client import PredictorClient
 
 def transformer(cache: SemanticCache | None) -> SemanticCacheTransformer:
     settings = TransformerSettings.from_env()
-    return SemanticCacheTransformer(settings, CacheFront(settings, cache), PredictorClient(settings))
+    return SemanticCacheTransformer(settings, AnswerPipeline(settings, cache, PredictorClient(settings)))
 
 
 def cache_on(redis_url: str) -> SemanticCache:

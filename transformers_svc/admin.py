@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from semserve.errors import BadRequest, ServingError, Unavailable
 from transformers_svc.auth import Authenticator
 

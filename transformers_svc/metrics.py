@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from cache.epoch import SharedEpoch
     from cache.lease import LeaseCounters
-    from cache.policy import SemanticCache
+    from cache.semantic_cache import SemanticCache
 
 LOOKUPS = Counter(
     "semserve_cache_lookups_total",

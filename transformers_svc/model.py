@@ -21,32 +21,18 @@ from typing import Any
 from kserve import InferRequest, InferResponse
 from kserve.errors import ModelNotFound
 
-from cache.keys import CacheRequest
-from semserve import tracing, v2
+from semserve import v2
 from semserve.answer import Answer, Piece
 from semserve.errors import BadRequest, NotFound, Unavailable
 from semserve.serving import InvalidInput400, Unavailable503
 from semserve.streams import merge_streams
-from semserve.text_model import TextModel
-from transformers_svc import metrics
-from transformers_svc.cache_front import (
-    NO_CACHE,
-    SERVED,
-    CacheFront,
-    CacheMode,
-    Outcome,
-    answer_of,
-    hit_answer,
-    replay,
-)
+from semserve.v2.text_model import TextModel
+from transformers_svc.answer_pipeline import SERVED, AnswerPipeline, AnswerRequest, Outcome
 from transformers_svc.config import TransformerSettings
-from transformers_svc.predictor_client import PredictorClient, Prompt
 from transformers_svc.request_context import (
-    Listener,
     RequestContext,
     RequestRecord,
     error_text,
-    ignore,
     status_of,
     v2_context,
 )
@@ -60,10 +46,12 @@ class _Call:
 
     ctx: RequestContext
     request: v2.TextRequest
-    mode: CacheMode
 
-    def prompt(self, i: int) -> Prompt:
-        return self.request.chats[i] if self.request.chats else self.request.prompts[i]
+    def ask(self, i: int) -> AnswerRequest:
+        """The pipeline's request for prompt `i` of the batch."""
+        if self.request.chats:
+            return AnswerRequest(self.ctx, "chat", self.request.chats[i])
+        return AnswerRequest(self.ctx, "completion", self.request.prompts[i])
 
 
 @contextlib.contextmanager
@@ -80,12 +68,10 @@ def _as_kserve_errors(model: str) -> Iterator[None]:
 
 
 class SemanticCacheTransformer(TextModel):
-    def __init__(self, settings: TransformerSettings, front: CacheFront, predictor: PredictorClient) -> None:
+    def __init__(self, settings: TransformerSettings, pipeline: AnswerPipeline) -> None:
         super().__init__(settings.model_name)
         self.settings = settings
-        self.front = front
-        self.predictor = predictor
-        self.on_outcome: Listener = ignore
+        self.pipeline = pipeline
         self.ready = True
         # KServe runs start_engine() beside the HTTP and gRPC servers for a model with `engine` set.
         self.engine = True
@@ -93,8 +79,8 @@ class SemanticCacheTransformer(TextModel):
     async def start_engine(self) -> None:
         """Start the cache, best effort: with Redis down the transformer still serves (fail open),
         and the cache recreates its index once Redis answers."""
-        if self.front.cache is not None:
-            await self.front.cache.start()
+        if self.pipeline.cache is not None:
+            await self.pipeline.cache.start()
 
     async def get_output_types(self) -> list[dict[str, Any]]:
         return [*v2.OUTPUTS_METADATA, {"name": CACHE_STATUS, "datatype": "BYTES", "shape": [-1]}]
@@ -107,19 +93,7 @@ class SemanticCacheTransformer(TextModel):
 
     def _call(self, ctx: RequestContext, payload: InferRequest) -> _Call:
         request = v2.parse_request(payload, self.settings.max_batch_size)
-        ctx = ctx.with_sampling(request.sampling)
-        mode = self.front.mode(ctx)
-        if request.chats and any(chat.messages[-1].role != "user" for chat in request.chats):
-            mode = NO_CACHE  # e.g. a tool result: nothing to match
-        return _Call(ctx, request, mode)
-
-    def _key(self, call: _Call, i: int) -> CacheRequest:
-        if call.request.chats:
-            chat = call.request.chats[i]
-            # Only the last user message is matched semantically; everything before it, and
-            # whatever else shapes the answer, is part of the key.
-            return self.front.key(call.ctx, "chat", chat.last_text, chat.context())
-        return self.front.key(call.ctx, "completion", call.request.prompts[i])
+        return _Call(ctx.with_sampling(request.sampling), request)
 
     # -- whole answers ------------------------------------------------------------------------------
 
@@ -128,16 +102,15 @@ class SemanticCacheTransformer(TextModel):
         try:
             with _as_kserve_errors(self.name):
                 call = self._call(ctx, payload)
-                outcomes = await asyncio.gather(*(self._one(call, i) for i in range(call.request.size)))
+                outcomes = await asyncio.gather(
+                    *(self.pipeline.answer(call.ask(i)) for i in range(call.request.size))
+                )
         except BaseException as exc:
-            self.on_outcome(RequestRecord.failed(ctx, exc, v2.text_inputs(payload)))
+            self.pipeline.report(RequestRecord.failed(ctx, exc, v2.text_inputs(payload)))
             raise
         statuses = [o.status for o in outcomes]
-        tracing.annotate(semserve__cache__status=",".join(statuses))
-        for status in set(statuses):
-            metrics.REQUEST_SECONDS.labels(self.name, ctx.protocol, status).observe(ctx.seconds())
-        self.on_outcome(RequestRecord(
-            ctx, 200, v2.text_inputs(payload), statuses, [o.answer.text for o in outcomes],
+        self.pipeline.report(RequestRecord(
+            call.ctx, 200, v2.text_inputs(payload), statuses, [o.answer.text for o in outcomes],
             parameters={} if payload.from_grpc else dict(payload.parameters or {}),
         ))
         return v2.build_response(
@@ -155,13 +128,6 @@ class SemanticCacheTransformer(TextModel):
             params[name] = _wire_number(ctx, value)
         return params
 
-    async def _one(self, call: _Call, i: int) -> Outcome:
-        async def produce() -> Answer:
-            piece = await self.predictor.generate(call.prompt(i), call.ctx.sampling, call.ctx.request_id)
-            return answer_of([piece])
-
-        return await self.front.answer(self._key(call, i), call.mode, produce)
-
     # -- streams ------------------------------------------------------------------------------------
 
     async def infer_stream(
@@ -175,7 +141,7 @@ class SemanticCacheTransformer(TextModel):
             with _as_kserve_errors(self.name):
                 call = self._call(ctx, payload)
         except BaseException as exc:
-            self.on_outcome(RequestRecord.failed(ctx, exc, v2.text_inputs(payload)))
+            self.pipeline.report(RequestRecord.failed(ctx, exc, v2.text_inputs(payload)))
             raise
         if not call.request.stream:
             # A whole answer: recorded by predict.
@@ -192,8 +158,8 @@ class SemanticCacheTransformer(TextModel):
             status, error = status_of(exc), error_text(exc)
             raise
         finally:
-            self.on_outcome(RequestRecord(call.ctx, status, v2.text_inputs(payload), statuses,
-                                          ["".join(t) for t in texts], error))
+            self.pipeline.report(RequestRecord(call.ctx, status, v2.text_inputs(payload), statuses,
+                                               ["".join(t) for t in texts], error))
 
     async def _stream(
         self, call: _Call, statuses: list[str], texts: list[list[str]]
@@ -205,9 +171,6 @@ class SemanticCacheTransformer(TextModel):
             texts[index].append(piece.text)
             if piece.finish_reason:
                 unfinished -= 1
-                metrics.REQUEST_SECONDS.labels(self.name, call.ctx.protocol, statuses[index]).observe(
-                    call.ctx.seconds()
-                )
             params: dict[str, Any] = {v2.PROMPT_TOKENS: piece.prompt_tokens}
             for name, [value] in similarity_parameters([(statuses[index], similarity)]).items():
                 params[name] = _wire_number(call.ctx, value)
@@ -222,27 +185,13 @@ class SemanticCacheTransformer(TextModel):
     async def _pieces(
         self, call: _Call, i: int, statuses: list[str]
     ) -> AsyncIterator[tuple[Piece, float | None]]:
-        key = self._key(call, i)
-        res = await self.front.lookup(key, call.mode)
-        cached = hit_answer(res)
-        if res is not None and cached is not None:
-            statuses[i] = res.status
-            for piece in replay(cached):
-                yield piece, res.similarity
-            return
-        statuses[i] = "miss" if res is not None else "bypass"
-        if res is None:
-            metrics.LOOKUPS.labels(self.name, "bypass").inc()
-        similarity = res.similarity if res is not None else None
-        pieces = self.front.stream_miss(
-            key, call.mode, res,
-            lambda: self.predictor.stream(call.prompt(i), call.ctx.sampling, call.ctx.request_id),
-        )
+        stream = await self.pipeline.stream(call.ask(i))
+        statuses[i] = stream.status
         try:
-            async for piece in pieces:
-                yield piece, similarity
+            async for piece in stream:
+                yield piece, stream.similarity
         finally:
-            await pieces.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
 
 
 def _wire_number(ctx: RequestContext, value: Any) -> Any:
@@ -256,7 +205,7 @@ def similarity_parameters(outcomes: list[tuple[str, float | None]]) -> dict[str,
     `cache_rejected_similarity`: that of the nearest entry the verifier rejected, for misses. Each
     is present only when some prompt has one."""
     served = [sim if status in SERVED else None for status, sim in outcomes]
-    rejected = [sim if status == "miss" else None for status, sim in outcomes]
+    rejected = [sim if status in ("miss", "shared") else None for status, sim in outcomes]
     out: dict[str, list[float | None]] = {}
     if any(v is not None for v in served):
         out["cache_similarity"] = served

@@ -12,37 +12,24 @@ made here, once; how it ended goes to `on_outcome` (the request log, when one is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel
 
-from cache.keys import CacheRequest
 from semserve import openai_protocol as oa
 from semserve import openai_routes, tracing
-from semserve.answer import Answer, Piece
+from semserve.answer import Answer, Piece, answer_of
 from semserve.errors import BadRequest, NotFound
-from transformers_svc import metrics
-from transformers_svc.cache_front import (
-    NO_CACHE,
-    SERVED,
-    CacheFront,
-    CacheMode,
-    Outcome,
-    answer_of,
-    hit_answer,
-    replay,
-)
+from transformers_svc.answer_pipeline import SERVED, AnswerPipeline, AnswerRequest, AnswerStream, Outcome
 from transformers_svc.config import TransformerSettings
-from transformers_svc.predictor_client import PredictorClient, Prompt
 from transformers_svc.request_context import (
-    Listener,
     RequestContext,
     RequestRecord,
     error_text,
-    ignore,
     openai_context,
     status_of,
 )
@@ -124,15 +111,6 @@ class CompletionFormatter(Formatter):
 
 
 @dataclass(frozen=True)
-class _Ask:
-    """One prompt to answer: its cache key, how it may use the cache, and what the predictor gets."""
-
-    key: CacheRequest
-    mode: CacheMode
-    prompt: Prompt
-
-
-@dataclass(frozen=True)
 class _Request:
     """One OpenAI request as the backend handles it: its context, the route's own (for the cache
     headers), the body (for the full request log) and the prompts the log hashes."""
@@ -144,12 +122,10 @@ class _Request:
 
 
 class TransformerOpenAI:
-    def __init__(self, settings: TransformerSettings, front: CacheFront, predictor: PredictorClient) -> None:
+    def __init__(self, settings: TransformerSettings, pipeline: AnswerPipeline) -> None:
         self.settings = settings
-        self.front = front
-        self.predictor = predictor
+        self.pipeline = pipeline
         self.name = settings.model_name
-        self.on_outcome: Listener = ignore
         # OpenAI's `created` of the model card: when this server started serving it.
         self.created = int(time.time())
 
@@ -193,50 +169,34 @@ class TransformerOpenAI:
 
     async def _chat(self, r: _Request, req: oa.ChatCompletionRequest) -> Any:
         self._check(req.model)
-        ctx = r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens))
-        r = replace(r, ctx=ctx)
-        mode = self.front.mode(ctx)
-        if req.messages[-1].role != "user":
-            mode = NO_CACHE  # e.g. a tool result: nothing to match
-        chat = req.prompt()
-        # Only the last user message is matched semantically; everything before it, and whatever
-        # else shapes the answer, is part of the key.
-        ask = _Ask(self.front.key(ctx, "chat", chat.last_text, chat.context()), mode, chat)
+        r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
+        ask = AnswerRequest(r.ctx, "chat", req.prompt())
         fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.include_usage)
         if req.stream:
             return await self._stream(r, ask, fmt)
-        return self._whole(r, [await self._answer(r, ask)], fmt)
+        return self._whole(r, [await self._answer(ask)], fmt)
 
     async def _completions(self, r: _Request, req: oa.CompletionRequest) -> Any:
         self._check(req.model)
-        ctx = r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens))
-        r = replace(r, ctx=ctx)
-        mode = self.front.mode(ctx)
+        r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         prompts = req.prompts
         fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.include_usage)
         if req.stream:
             if len(prompts) != 1:
                 raise BadRequest("streaming takes one prompt per request here", "prompt")
-            return await self._stream(r, self._ask(ctx, mode, prompts[0]), fmt)
+            return await self._stream(r, AnswerRequest(r.ctx, "completion", prompts[0]), fmt)
         if len(prompts) > self.settings.max_batch_size:
             raise BadRequest(f"at most {self.settings.max_batch_size} prompts per request", "prompt")
-        asks = [self._ask(ctx, mode, p) for p in prompts]
-        return self._whole(r, await asyncio.gather(*(self._answer(r, a) for a in asks)), fmt)
-
-    def _ask(self, ctx: RequestContext, mode: CacheMode, prompt: str) -> _Ask:
-        return _Ask(self.front.key(ctx, "completion", prompt), mode, prompt)
+        asks = [AnswerRequest(r.ctx, "completion", p) for p in prompts]
+        return self._whole(r, await asyncio.gather(*(self._answer(a) for a in asks)), fmt)
 
     # -- whole answers ------------------------------------------------------------------------------
 
-    async def _answer(self, r: _Request, ask: _Ask) -> Outcome:
-        async def produce() -> Answer:
-            return answer_of([await self.predictor.generate(ask.prompt, r.ctx.sampling, r.ctx.request_id)])
-
-        return await self.front.answer(ask.key, ask.mode, produce)
+    async def _answer(self, ask: AnswerRequest) -> Outcome:
+        with _chat_field(ask):
+            return await self.pipeline.answer(ask)
 
     def _whole(self, r: _Request, outcomes: list[Outcome], fmt: Formatter) -> Any:
-        for o in outcomes:
-            self._observe(r.ctx, o.status)
         statuses = [o.status for o in outcomes]
         _cache_headers(r.http, ",".join(statuses), outcomes[0].similarity if len(outcomes) == 1 else None)
         self._record(r, 200, statuses, [o.answer.text for o in outcomes])
@@ -244,32 +204,23 @@ class TransformerOpenAI:
 
     # -- streaming ----------------------------------------------------------------------------------
 
-    async def _stream(self, r: _Request, ask: _Ask, fmt: Formatter) -> AsyncIterator[Any]:
-        res = await self.front.lookup(ask.key, ask.mode)
-        cached = hit_answer(res)
-        if res is not None and cached is not None:
-            _cache_headers(r.http, res.status, res.similarity)
-            self._observe(r.ctx, res.status)
-            return self._sse(r, _listed(replay(cached)), None, fmt, res.status)
-        status = "miss" if res is not None else "bypass"
-        if res is None:
-            metrics.LOOKUPS.labels(self.name, "bypass").inc()
-        _cache_headers(r.http, status, res.similarity if res is not None else None)
-        pieces = self.front.stream_miss(
-            ask.key, ask.mode, res,
-            lambda: self.predictor.stream(ask.prompt, r.ctx.sampling, r.ctx.request_id),
-        )
+    async def _stream(self, r: _Request, ask: AnswerRequest, fmt: Formatter) -> AsyncIterator[Any]:
+        with _chat_field(ask):
+            pieces = await self.pipeline.stream(ask)
+        _cache_headers(r.http, pieces.status, pieces.similarity)
+        tracing.annotate(semserve__cache__status=pieces.status)
         # The first piece before answering, so a predictor that is down or refuses the request is a
         # 503 or 400, not a broken stream.
         try:
-            first = await anext(pieces, None)
+            with _chat_field(ask):
+                first = await anext(pieces, None)
         except BaseException:
-            await pieces.aclose()  # type: ignore[attr-defined]
+            await pieces.aclose()
             raise
-        return self._sse(r, pieces, first, fmt, status)
+        return self._sse(r, pieces, first, fmt)
 
     async def _sse(
-        self, r: _Request, pieces: AsyncIterator[Piece], first: Piece | None, fmt: Formatter, status: str
+        self, r: _Request, pieces: AnswerStream, first: Piece | None, fmt: Formatter
     ) -> AsyncIterator[Any]:
         seen: list[Piece] = []
         code, error = 200, None
@@ -278,8 +229,8 @@ class TransformerOpenAI:
                 opening = fmt.start()
                 if opening is not None:
                     yield opening
-                # To the end of `pieces`, which comes once the answer is stored (so that a request
-                # that follows finds it), not just to the piece with the finish reason.
+                # The last piece comes once the answer is stored (so that a request that follows
+                # finds it, through any replica).
                 piece = first if first is not None else await anext(pieces, None)
                 while piece is not None:
                     seen.append(piece)
@@ -287,33 +238,35 @@ class TransformerOpenAI:
                         yield chunk
                     piece = await anext(pieces, None)
             finally:
-                await pieces.aclose()  # type: ignore[attr-defined]
+                await pieces.aclose()
             answer = answer_of(seen)
             if fmt.include_usage:
                 yield fmt.usage(answer.prompt_tokens, answer.completion_tokens)
-            self._observe(r.ctx, status)
         except BaseException as exc:  # the client left (cancelled), or a failure mid-stream
             code, error = status_of(exc), error_text(exc)
             raise
         finally:
-            self._record(r, code, [status], ["".join(p.text for p in seen)], error)
+            self._record(r, code, [pieces.status], ["".join(p.text for p in seen)], error)
 
     # -- what is observed ---------------------------------------------------------------------------
-
-    def _observe(self, ctx: RequestContext, status: str) -> None:
-        tracing.annotate(semserve__cache__status=status)
-        metrics.REQUEST_SECONDS.labels(self.name, ctx.protocol, status).observe(ctx.seconds())
 
     def _record(
         self, r: _Request, status: int, cache: list[str], answers: list[str], error: str | None = None
     ) -> None:
-        self.on_outcome(RequestRecord(r.ctx, status, r.prompts, cache, answers, error, body=r.body))
+        self.pipeline.report(RequestRecord(r.ctx, status, r.prompts, cache, answers, error, body=r.body))
 
     def _failed(self, r: _Request, exc: BaseException) -> None:
         cache = r.http.response_headers.get("x-semserve-cache", "")
         self._record(r, status_of(exc), cache.split(",") if cache else [], [], error_text(exc))
 
 
-async def _listed(pieces: list[Piece]) -> AsyncIterator[Piece]:
-    for piece in pieces:
-        yield piece
+@contextlib.contextmanager
+def _chat_field(ask: AnswerRequest) -> Iterator[None]:
+    """A chat the predictor refuses names the v2 input it came in (`chat[0]`); this route's client
+    sent `messages`."""
+    try:
+        yield
+    except BadRequest as exc:
+        if ask.kind == "chat" and exc.field is not None and exc.field.startswith("chat"):
+            raise BadRequest(exc.message, "messages") from None
+        raise

@@ -23,10 +23,11 @@ from semserve.answer import Piece
 from semserve.errors import BadRequest, NotFound, ServingError, Unavailable
 from semserve.judge_protocol import CACHED_INPUT, PROBABILITY_OUTPUT, QUERY_INPUT, judge_model_name
 from semserve.logs import get_logger
-from semserve.oip import inference_pb2 as pb
-from semserve.oip import service, tensors
 from semserve.openai_protocol import ChatPrompt
 from semserve.sampling import SamplingOptions
+from semserve.v2 import grpc_service as service
+from semserve.v2 import grpc_tensors as tensors
+from semserve.v2 import inference_pb2 as pb
 from transformers_svc import metrics
 from transformers_svc.config import TransformerSettings
 

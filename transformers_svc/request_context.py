@@ -17,9 +17,10 @@ from kserve import InferRequest
 from kserve.errors import InvalidInput, ModelNotFound, ServerNotReady
 from pydantic import BaseModel
 
-from semserve import openai_routes, text_model, tracing
+from semserve import openai_routes, tracing
 from semserve.errors import ServingError
 from semserve.sampling import SamplingOptions
+from semserve.v2 import text_model
 from transformers_svc.auth import tenant_var
 
 Protocol = Literal["v2-rest", "v2-grpc", "openai"]

@@ -7,16 +7,16 @@ from typing import Any
 
 from cache.embedder import Embedder
 from cache.interfaces import Judge
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
 from cache.store import RedisCacheStore
 from cache.verify import RuleVerifier
 from semserve import logs, tracing
-from semserve.serving.service import Service, run_service
+from semserve.serving.app_builder import Service, run_service
 from transformers_svc import metrics
 from transformers_svc.admin import register_admin_routes
+from transformers_svc.answer_pipeline import AnswerPipeline
 from transformers_svc.auth import Authenticator
-from transformers_svc.cache_front import CacheFront
 from transformers_svc.config import TransformerSettings
 from transformers_svc.guards import GrpcAuth, HttpAuth
 from transformers_svc.judge import PredictorJudge
@@ -74,13 +74,13 @@ def assemble(
     if judge is not None and cache is not None:
         log.info("cache_judge", judge=settings.cache_judge,
                  min_score=cache_settings.judge_min_score, threshold=cache_settings.judge_threshold)
-    front = CacheFront(settings, cache)
-    model = SemanticCacheTransformer(settings, front, predictor)
-    openai: Any = TransformerOpenAI(settings, front, predictor)
+    pipeline = AnswerPipeline(settings, cache, predictor)
+    model = SemanticCacheTransformer(settings, pipeline)
+    openai: Any = TransformerOpenAI(settings, pipeline)
     request_log = RequestLog.from_settings(settings)
     if request_log.enabled:
-        # Both request paths hand it each request's outcome (transformers_svc/request_log.py).
-        model.on_outcome = openai.on_outcome = request_log.on_outcome
+        # The pipeline hands it each request's outcome (transformers_svc/request_log.py).
+        pipeline.on_outcome = request_log.on_outcome
         log.info("request_log", path=str(settings.request_log), prompt_text=settings.record_prompt_text)
     return Service(
         model=model,

@@ -251,7 +251,7 @@ async def evaluate_through_cache(
 ) -> Report:
     """The real path: for each pair, store an answer for `a` under a fresh tenant (so pairs never
     see each other's entries), then look `b` up through SemanticCache.lookup (exact layer, embedding,
-    Redis KNN, verifier). `make_cache()` returns a started cache.policy.SemanticCache; it is closed here.
+    Redis KNN, verifier). `make_cache()` returns a started cache.semantic_cache.SemanticCache; it is closed here.
     """
     from cache.keys import CacheRequest
 
@@ -292,7 +292,7 @@ def evaluate_through_private_redis(
     """Start a throw-away Redis (the bundled server), run evaluate_through_cache, stop it."""
     import tempfile
 
-    from cache.policy import SemanticCache
+    from cache.semantic_cache import SemanticCache
     from cache.settings import CacheSettings
     from cache.store import RedisCacheStore
     from semserve.tooling.local_redis import RedisServer, free_port

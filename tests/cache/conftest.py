@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from cache.keys import CacheRequest
-from cache.policy import LookupResult, SemanticCache
+from cache.semantic_cache import LookupResult, SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 from semserve.tooling.local_redis import RedisServer, free_port
@@ -72,9 +72,11 @@ def chat(prompt: str, tenant: str = "acme", model: str = "smollm2", **kw: Any) -
 async def serve(
     cache: SemanticCache, req: CacheRequest, produce: Callable[[], Awaitable[Any]]
 ) -> tuple[LookupResult, Any]:
-    """What the transformer does with a request (transformers_svc/cache_front.py): lookup, and on anything
-    but a hit one shared generation (run_once), stored by its leader."""
+    """Lookup, and on anything but a hit `produce` and store its answer (the transformer does the
+    same through one shared generation: transformers_svc/answer_pipeline.py)."""
     res = await cache.lookup(req)
     if res.hit:
         return res, res.answer
-    return res, await cache.run_once(req, produce, vector=res.vector)
+    answer = await produce()
+    await cache.store(req, answer, res.vector)
+    return res, answer

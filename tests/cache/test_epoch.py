@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from cache.epoch import SharedEpoch
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from cache.store import RedisCacheStore
 from semserve.tooling.local_redis import RedisServer, free_port
 from transformers_svc.admin import register_admin_routes

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cache import keys
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from cache.store import RedisCacheStore
 from semserve.tooling.local_redis import RedisServer, free_port
 
@@ -63,7 +63,7 @@ async def test_redis_stopped_then_restarted_empty(
     assert (await cache.lookup(chat(Q))).status == "exact"
 
     own_server.stop()
-    caplog.set_level(logging.INFO, logger="cache.policy")
+    caplog.set_level(logging.INFO, logger="cache.semantic_cache")
     statuses = []
     for _ in range(5):
         status, took = await timed_lookup(cache)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache.keys import CacheRequest
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from cache.store import RedisCacheStore
 
 from .conftest import chat

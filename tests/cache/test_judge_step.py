@@ -17,7 +17,7 @@ import pytest
 
 from cache.embedder import Embedder
 from cache.interfaces import Judge
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
 from cache.store import RedisCacheStore
 from cache.verify import RuleVerifier

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from cache import keys
-from cache.keys import CacheRequest, SamplingParams
+from cache.keys import CacheRequest, SamplingKey
 from cache.schema import SCHEMA_VERSION, IndexSchema
 
 from .conftest import chat
@@ -45,14 +45,14 @@ def test_fingerprint_excludes_last_message_and_tenant() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        {"sampling": SamplingParams(temperature=0.7)},
-        {"sampling": SamplingParams(max_tokens=16)},
-        {"sampling": SamplingParams(top_p=0.9)},
-        {"sampling": SamplingParams(top_k=5)},
-        {"sampling": SamplingParams(stop=["\n"])},
-        {"sampling": SamplingParams(seed=1)},
-        {"sampling": SamplingParams(ignore_eos=True)},
-        {"sampling": SamplingParams(extra={"repetition_penalty": 1.1})},
+        {"sampling": SamplingKey(temperature=0.7)},
+        {"sampling": SamplingKey(max_tokens=16)},
+        {"sampling": SamplingKey(top_p=0.9)},
+        {"sampling": SamplingKey(top_k=5)},
+        {"sampling": SamplingKey(stop=["\n"])},
+        {"sampling": SamplingKey(seed=1)},
+        {"sampling": SamplingKey(ignore_eos=True)},
+        {"sampling": SamplingKey(extra={"repetition_penalty": 1.1})},
         {"context": {"system": "You are a pirate."}},
         {"context": {"history": [{"role": "user", "content": "hi"}]}},
         {"model": "other-model"},
@@ -68,15 +68,15 @@ def test_everything_but_the_prompt_changes_the_fingerprint(change: dict) -> None
 
 
 def test_fingerprint_canonical_forms() -> None:
-    a = chat("q", context={"b": 1, "a": [1, 2]}, sampling=SamplingParams(temperature=1, stop=["y", "x"]))
+    a = chat("q", context={"b": 1, "a": [1, 2]}, sampling=SamplingKey(temperature=1, stop=["y", "x"]))
     b = chat(
-        "q", context={"a": [1, 2], "b": 1}, sampling=SamplingParams(temperature=1.0, stop=("x", "y", "x"))
+        "q", context={"a": [1, 2], "b": 1}, sampling=SamplingKey(temperature=1.0, stop=("x", "y", "x"))
     )
     assert keys.fingerprint(a) == keys.fingerprint(b)
-    assert keys.fingerprint(chat("q", sampling=SamplingParams(stop="x"))) == keys.fingerprint(
-        chat("q", sampling=SamplingParams(stop=["x"]))
+    assert keys.fingerprint(chat("q", sampling=SamplingKey(stop="x"))) == keys.fingerprint(
+        chat("q", sampling=SamplingKey(stop=["x"]))
     )
-    assert keys.fingerprint(chat("q", sampling=SamplingParams(stop=[]))) == keys.fingerprint(chat("q"))
+    assert keys.fingerprint(chat("q", sampling=SamplingKey(stop=[]))) == keys.fingerprint(chat("q"))
     # A different schema version never shares a fingerprint.
     assert keys.fingerprint(a, schema_version=SCHEMA_VERSION + 1) != keys.fingerprint(a)
 
@@ -87,7 +87,7 @@ def test_invalid_requests_are_rejected() -> None:
     with pytest.raises(ValueError):
         CacheRequest(tenant="t", model="m", kind="embeddings", prompt="x")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        keys.fingerprint(chat("q", sampling=SamplingParams(temperature=float("nan"))))
+        keys.fingerprint(chat("q", sampling=SamplingKey(temperature=float("nan"))))
     with pytest.raises(TypeError):
         keys.fingerprint(chat("q", context={"x": object()}))
 
@@ -114,9 +114,9 @@ def test_schema_names_are_versioned() -> None:
 def test_sampling_from_mapping() -> None:
     opts = {"max_tokens": 16, "temperature": 0, "top_p": 1.0, "top_k": -1, "seed": None,
             "stop": ["x"], "ignore_eos": False}  # fmt: skip
-    a = SamplingParams.from_mapping(opts)
-    assert a == SamplingParams(max_tokens=16, temperature=0, top_p=1.0, top_k=-1, stop=("x",))
-    b = SamplingParams.from_mapping({**opts, "repetition_penalty": 1.2})
+    a = SamplingKey.from_mapping(opts)
+    assert a == SamplingKey(max_tokens=16, temperature=0, top_p=1.0, top_k=-1, stop=("x",))
+    b = SamplingKey.from_mapping({**opts, "repetition_penalty": 1.2})
     assert b.extra == {"repetition_penalty": 1.2}
     assert keys.fingerprint(chat("q", sampling=a)) != keys.fingerprint(chat("q", sampling=b))
 
@@ -129,7 +129,7 @@ def test_sampling_from_mapping() -> None:
         {"model_revision": "r2"},
         {"kind": "completion"},
         {"context": {"system": "be brief"}},
-        {"sampling": SamplingParams(temperature=0.5)},
+        {"sampling": SamplingKey(temperature=0.5)},
         {"epoch": 1},
     ],
 )

@@ -1,4 +1,5 @@
-"""cache/payload.py: the typed answer (semserve/answer.py) and the JSON it is stored as (the format entries always had)."""
+"""cache/payload.py: the typed answer (semserve/answer.py) and the JSON it is stored as (the
+format entries always had)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from cache.keys import CacheRequest, SamplingParams, fingerprint
+from cache.keys import CacheRequest, SamplingKey, fingerprint
 from cache.payload import dumps, loads
 from semserve.answer import Answer
 from semserve.sampling import SamplingOptions
@@ -36,8 +37,8 @@ def test_other_payloads_round_trip_as_they_were(payload: dict) -> None:
 
 def test_sampling_from_options_keys_like_the_mapping_it_replaces() -> None:
     for options in (SamplingOptions(), SamplingOptions(max_tokens=3, temperature=0, stop=("b", "a"), seed=1)):
-        typed = SamplingParams.from_options(options)
-        mapped = SamplingParams.from_mapping(options.to_dict())
+        typed = SamplingKey.from_options(options)
+        mapped = SamplingKey.from_mapping(options.to_dict())
         assert typed == mapped
         assert fingerprint(CacheRequest("t", "m", "completion", "p", sampling=typed)) == fingerprint(
             CacheRequest("t", "m", "completion", "p", sampling=mapped)

@@ -1,4 +1,5 @@
-"""SemanticCache: lookup order, verifier, counters and single flight, on a real Redis."""
+"""SemanticCache: lookup order, verifier and counters, on a real Redis (single flight through the
+cache: tests/transformers_svc/test_answer_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 
-from .conftest import chat, serve
+from .conftest import chat
 from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 
 Q = "What is the capital of France?"
@@ -68,11 +69,11 @@ async def test_tenant_isolation(cache: SemanticCache) -> None:
 
 
 async def test_context_and_sampling_isolate_answers(cache: SemanticCache) -> None:
-    from cache.keys import SamplingParams
+    from cache.keys import SamplingKey
 
     await cache.store(chat(Q), {"text": "Paris"})
     assert (await cache.lookup(chat(Q, context={"system": "Answer in French."}))).status == "miss"
-    assert (await cache.lookup(chat(Q, sampling=SamplingParams(max_tokens=5)))).status == "miss"
+    assert (await cache.lookup(chat(Q, sampling=SamplingKey(max_tokens=5)))).status == "miss"
 
 
 async def test_bypass(cache: SemanticCache) -> None:
@@ -85,76 +86,6 @@ async def test_bypass(cache: SemanticCache) -> None:
 async def test_store_of_unserializable_answer_fails_soft(cache: SemanticCache) -> None:
     assert await cache.store(chat(Q), {"bad": object()}) is False
     assert cache.counters.store_errors == 1 and not cache.degraded
-
-
-async def test_single_flight_calls_produce_once(cache: SemanticCache) -> None:
-    calls = 0
-
-    async def produce() -> dict:
-        nonlocal calls
-        calls += 1
-        await asyncio.sleep(0.2)
-        return {"text": "Paris"}
-
-    results = await asyncio.gather(*(serve(cache, chat(Q), produce) for _ in range(20)))
-    assert calls == 1
-    assert all(answer == {"text": "Paris"} for _, answer in results)
-    assert cache.counters.singleflight_leaders == 1 and cache.counters.singleflight_joined == 19
-    assert (await cache.lookup(chat(Q))).status == "exact"  # the leader stored it
-    assert not cache._flights
-
-
-async def test_single_flight_leader_error_reaches_waiters(cache: SemanticCache) -> None:
-    calls = 0
-
-    async def produce() -> dict:
-        nonlocal calls
-        calls += 1
-        await asyncio.sleep(0.05)
-        raise RuntimeError("predictor down")
-
-    results = await asyncio.gather(
-        *(cache.run_once(chat(Q), produce) for _ in range(5)), return_exceptions=True
-    )
-    assert calls == 1 and all(isinstance(r, RuntimeError) for r in results)
-    assert (await cache.lookup(chat(Q))).status == "miss" and not cache._flights
-
-
-async def test_single_flight_survives_leader_cancellation(cache: SemanticCache) -> None:
-    calls = 0
-
-    async def produce() -> dict:
-        nonlocal calls
-        calls += 1
-        await asyncio.sleep(0.1)
-        return {"text": "Paris"}
-
-    leader = asyncio.create_task(cache.run_once(chat(Q), produce))
-    await asyncio.sleep(0.01)
-    waiters = [asyncio.create_task(cache.run_once(chat(Q), produce)) for _ in range(3)]
-    await asyncio.sleep(0.01)
-    leader.cancel()
-    results = await asyncio.gather(*waiters)
-    assert results == [{"text": "Paris"}] * 3 and calls == 2
-    with pytest.raises(asyncio.CancelledError):
-        await leader
-
-
-async def test_single_flight_wait_is_bounded(store: RedisCacheStore, cache_settings: CacheSettings) -> None:
-    cache_settings.singleflight_wait_s = 0.05
-    cache = SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(), cache_settings)
-    calls = 0
-
-    async def produce() -> dict:
-        nonlocal calls
-        calls += 1
-        n = calls
-        await asyncio.sleep(0.3 if n == 1 else 0.0)
-        return {"text": f"answer {n}"}
-
-    results = await asyncio.gather(*(cache.run_once(chat(Q), produce) for _ in range(3)))
-    assert calls == 3 and cache.counters.singleflight_wait_timeouts == 2
-    assert results[0] == {"text": "answer 1"}
 
 
 def test_embedder_dim_mismatch_is_refused(store: RedisCacheStore, cache_settings: CacheSettings) -> None:

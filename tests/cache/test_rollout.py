@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from cache import keys
-from cache.policy import SemanticCache
+from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import RedisCacheStore
 

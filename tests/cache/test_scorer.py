@@ -190,7 +190,7 @@ def test_error_budget_moves_the_threshold() -> None:
 
 
 def test_policy_hands_its_budget_to_the_verifier() -> None:
-    from cache.policy import SemanticCache
+    from cache.semantic_cache import SemanticCache
 
     v = RuleVerifier(VerifierSettings(), max_wrong_rate=0.01)
     cache = SemanticCache.__new__(SemanticCache)  # only the decision path; no Redis

@@ -1,91 +1,104 @@
-"""SingleFlight on its own: one produce per key, the leader's failure and cancellation (no Redis)."""
+"""SingleFlight with unary generations (one item each, as the transformer drives whole answers):
+one produce per key, the leader's failure and cancellation, and the store before the answer
+(no Redis)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from cache.counters import CacheCounters
-from cache.lease import Claim
-from cache.settings import CacheSettings
 from cache.single_flight import SingleFlight
 
 
-async def no_peer() -> None:
-    return None
+def one(produce: Callable[[], Awaitable[str]]) -> Callable[[], AsyncIterator[str]]:
+    async def source() -> AsyncIterator[str]:
+        yield await produce()
+
+    return source
 
 
-def make_flight(wait_s: float = 5.0) -> SingleFlight:
-    return SingleFlight(CacheCounters(), CacheSettings(singleflight_wait_s=wait_s))
+async def run(flight: SingleFlight[str], key: str, produce: Callable[[], Awaitable[str]],
+              store: Callable[[list[str]], Awaitable[None]] | None = None) -> str:
+    async def nothing(_: list[str]) -> None:
+        return None
+
+    stream, _ = flight.listen(key, one(produce), store or nothing, is_last=lambda _: True)
+    [answer] = [item async for item in stream]
+    return answer
 
 
 async def test_one_produce_and_one_store_for_concurrent_callers() -> None:
-    flight, calls, stored = make_flight(), [], []
+    flight: SingleFlight[str] = SingleFlight()
+    calls: list[int] = []
+    stored: list[list[str]] = []
 
     async def produce() -> str:
         calls.append(1)
         await asyncio.sleep(0.05)
         return "answer"
 
-    async def store(answer: str) -> bool:
-        stored.append(answer)
-        return True
+    async def store(items: list[str]) -> None:
+        stored.append(items)
 
-    answers = await asyncio.gather(
-        *[flight.run("k", produce, claim=None, peer_answer=no_peer, store=store) for _ in range(10)]
-    )
-    assert answers == ["answer"] * 10 and len(calls) == 1 and stored == ["answer"]
-    assert flight.counters.singleflight_leaders == 1 and flight.counters.singleflight_joined == 9
-    assert not flight.flights
+    answers = await asyncio.gather(*[run(flight, "k", produce, store) for _ in range(10)])
+    assert answers == ["answer"] * 10 and len(calls) == 1 and stored == [["answer"]]
+    assert flight.started == 1 and flight.joined == 9
+    assert not len(flight)
 
 
-async def test_a_peer_answer_is_served_and_not_stored_again() -> None:
-    flight = make_flight()
-
-    async def claim() -> Claim:
-        return Claim("answered")
-
-    async def peer() -> str:
-        return "from a peer"
+async def test_the_answer_goes_out_only_once_it_is_stored() -> None:
+    """Read-your-writes: no listener gets the last item before `on_complete` has finished."""
+    flight: SingleFlight[str] = SingleFlight()
+    events: list[str] = []
 
     async def produce() -> str:
-        raise AssertionError("a peer answered: no generation")
+        return "answer"
 
-    async def store(answer: str) -> bool:
-        raise AssertionError("a peer's answer is already stored")
+    async def store(items: list[str]) -> None:
+        await asyncio.sleep(0.05)
+        events.append("stored")
 
-    assert await flight.run("k", produce, claim=claim, peer_answer=peer, store=store) == "from a peer"
+    async def client() -> None:
+        await run(flight, "k", produce, store)
+        events.append("answered")
+
+    await asyncio.gather(client(), client())
+    assert events == ["stored", "answered", "answered"]
 
 
-async def test_waiters_share_the_leaders_exception_and_survive_its_cancellation() -> None:
-    flight = make_flight()
+async def test_waiters_share_the_leaders_exception_and_outlive_its_cancellation() -> None:
+    flight: SingleFlight[str] = SingleFlight()
     gate = asyncio.Event()
 
     async def failing() -> str:
         await gate.wait()
         raise RuntimeError("predictor down")
 
-    leader = asyncio.create_task(flight.run("k", failing, claim=None, peer_answer=no_peer, store=None))
+    leader = asyncio.create_task(run(flight, "k", failing))
     await asyncio.sleep(0)
-    waiter = asyncio.create_task(flight.run("k", failing, claim=None, peer_answer=no_peer, store=None))
+    waiter = asyncio.create_task(run(flight, "k", failing))
     await asyncio.sleep(0.01)
     gate.set()
     for task in (leader, waiter):
         with pytest.raises(RuntimeError, match="predictor down"):
             await task
 
+    calls: list[int] = []
+
     async def slow() -> str:
-        await asyncio.sleep(10)
-        return "never"
+        calls.append(1)
+        await asyncio.sleep(0.1)
+        return "made once"
 
-    async def quick() -> str:
-        return "taken over"
-
-    leader = asyncio.create_task(flight.run("c", slow, claim=None, peer_answer=no_peer, store=None))
+    leader = asyncio.create_task(run(flight, "c", slow))
     await asyncio.sleep(0)
-    waiter = asyncio.create_task(flight.run("c", quick, claim=None, peer_answer=no_peer, store=None))
+    waiter = asyncio.create_task(run(flight, "c", slow))
     await asyncio.sleep(0.01)
     leader.cancel()
-    assert await waiter == "taken over"  # a new flight, the waiter leads it
-    assert not flight.flights
+    # The generation goes on while anybody listens: the waiter gets it, nothing is made twice.
+    assert await waiter == "made once" and calls == [1]
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    assert not len(flight)

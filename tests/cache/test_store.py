@@ -78,7 +78,7 @@ async def test_knn_never_returns_another_scopes_entry(store: RedisCacheStore) ->
     v = await emb.embed(p)
     scopes = [
         {}, {"tenant": "other"}, {"model": "m2"}, {"model_revision": "r2"}, {"kind": "completion"},
-        {"context": {"system": "be brief"}}, {"sampling": keys.SamplingParams(temperature=0.5)},
+        {"context": {"system": "be brief"}}, {"sampling": keys.SamplingKey(temperature=0.5)},
         {"epoch": 1}, {"tenant": "other", "model": "m2", "epoch": 1},
     ]  # fmt: skip
     for i, scope in enumerate(scopes):

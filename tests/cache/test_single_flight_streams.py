@@ -1,4 +1,4 @@
-"""Single flight for streaming misses (transformers_svc/shared_streams.py), with a source stream that
+"""Single flight for streamed generations (cache/single_flight.py), with a source stream that
 stands in for the predictor: listeners replay from the start, the last one to leave cancels it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from transformers_svc.shared_streams import SharedStreams
+from cache.single_flight import SingleFlight
 
 
 class Source:
@@ -37,7 +37,7 @@ async def _collect(stream: AsyncIterator[str]) -> list[str]:
 
 
 async def test_followers_share_one_generation_from_its_start() -> None:
-    shared: SharedStreams[str] = SharedStreams()
+    shared: SingleFlight[str] = SingleFlight()
     source = Source()
     stored: list[list[str]] = []
 
@@ -58,7 +58,7 @@ async def test_followers_share_one_generation_from_its_start() -> None:
 
 
 async def test_a_listener_leaving_does_not_stop_the_others() -> None:
-    shared: SharedStreams[str] = SharedStreams()
+    shared: SingleFlight[str] = SingleFlight()
     source = Source()
     quitter, _ = shared.listen("k", source.start, _nothing)
     stayer, _ = shared.listen("k", source.start, _nothing)
@@ -72,7 +72,7 @@ async def test_a_listener_leaving_does_not_stop_the_others() -> None:
 
 
 async def test_the_last_listener_leaving_cancels_the_generation_and_stores_nothing() -> None:
-    shared: SharedStreams[str] = SharedStreams()
+    shared: SingleFlight[str] = SingleFlight()
     source = Source()
     stored: list[list[str]] = []
 
@@ -92,7 +92,7 @@ async def test_the_last_listener_leaving_cancels_the_generation_and_stores_nothi
 
 
 async def test_a_failed_generation_fails_every_listener() -> None:
-    shared: SharedStreams[str] = SharedStreams()
+    shared: SingleFlight[str] = SingleFlight()
 
     async def broken() -> AsyncIterator[str]:
         yield "a"
@@ -110,7 +110,7 @@ async def _nothing(_: list[str]) -> None:
 
 
 async def test_leaving_after_the_last_item_does_not_cancel_and_the_answer_is_stored() -> None:
-    shared: SharedStreams[str] = SharedStreams()
+    shared: SingleFlight[str] = SingleFlight()
     source = Source()
     stored: list[list[str]] = []
 

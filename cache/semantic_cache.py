@@ -15,13 +15,13 @@ Fail open: each Redis round trip of a lookup runs under `lookup_timeout_ms`, the
 A Redis error or timeout makes the lookup return status "error" (the caller goes
 to the predictor); cache/health.py decides when Redis is out of the path and when it is probed again.
 
-Single flight (`run_once`, cache/single_flight.py): concurrent identical misses share one `produce`,
-in this process and, through a lease in Redis (cache/lease.py), across replicas.
+Single flight is the transformer's (transformers_svc/answer_pipeline.py, over cache/single_flight.py);
+the cache gives it the flight key, the replicas' lease (cache/lease.py) and a peer's stored answer.
 
 Tracing (OpenTelemetry API only, through semserve.tracing; no-ops unless the request is traced):
 `semserve.cache.lookup` with children HMGET (exact), `semserve.cache.embed`, FT.SEARCH (KNN) and
 `semserve.cache.verify` (the decision; `semserve.cache.judge` in it when a judge is asked);
-`semserve.cache.singleflight.wait` for a request that joins a flight; `semserve.cache.store` with
+`semserve.cache.store` with
 its EVALSHA. Redis spans follow the DB semantic conventions.
 No prompt text on any span unless the transformer runs with --record-prompt-text.
 """
@@ -31,8 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from redis.exceptions import RedisError, ResponseError
@@ -49,14 +48,11 @@ from cache.lookup_result import LookupResult
 from cache.payload import Payload
 from cache.redis_spans import RedisSpans
 from cache.settings import CacheSettings
-from cache.single_flight import SingleFlight
 from cache.store import Candidate, RedisCacheStore, is_missing_index
 from semserve import tracing
 from semserve.logs import get_logger
 
-log = get_logger("cache.policy")
-
-T = TypeVar("T")
+log = get_logger("cache.semantic_cache")
 
 
 class _Phase:
@@ -91,7 +87,6 @@ class SemanticCache:
             if judge is not None else None
         )  # fmt: skip
         self.health = RedisHealth(self.counters, settings, self._fail, self._recovered)
-        self.single_flight = SingleFlight(self.counters, settings)
         self._redis_span = RedisSpans(store)
         client = getattr(store, "client", None)  # test doubles may have no Redis
         self.replica_flights = (
@@ -115,11 +110,6 @@ class SemanticCache:
     @property
     def degraded(self) -> bool:
         return self.counters.degraded
-
-    @property
-    def _flights(self) -> dict[str, asyncio.Future[Any]]:
-        """The open flights of this process, by exact key (empty when no request is generating)."""
-        return self.single_flight.flights
 
     # -- health ------------------------------------------------------------------------------------
 
@@ -440,37 +430,11 @@ class SemanticCache:
 
     def flight_key(self, req: CacheRequest) -> str | None:
         """The key under which identical concurrent requests share one generation (None: this
-        request shares nothing, e.g. a bypass); the same as `run_once` uses."""
+        request shares nothing, e.g. a bypass): the exact key (transformers_svc/answer_pipeline.py)."""
         req = self._scoped(req)
         if self._skip(req):
             return None
         return keys.exact_key(req, self._entries.schema.version)
-
-    async def run_once(
-        self,
-        req: CacheRequest,
-        produce: Callable[[], Awaitable[T]],
-        *,
-        vector: np.ndarray | None = None,
-        should_store: Callable[[T], bool] | None = None,
-        store: bool = True,
-        replicas: bool = True,
-    ) -> T:
-        """Call `produce` once for all concurrent identical requests; the leader stores its answer
-        (if `store` and `should_store(answer)`) before the flight closes, so requests arriving in
-        between still share it. `replicas`: share with other replicas through the lease too (off for
-        a request that may not be served from the cache: a peer's answer is a cached one)."""
-        req = self._scoped(req)
-        if self._skip(req):
-            return await produce()
-        return await self.single_flight.run(
-            keys.exact_key(req, self._entries.schema.version),
-            produce,
-            claim=(lambda: self.claim_replicas(req)) if store and replicas else None,
-            peer_answer=lambda: self.peer_answer(req),
-            store=(lambda answer: self.store(req, answer, vector)) if store else None,  # type: ignore[arg-type]
-            should_store=should_store,
-        )
 
     async def claim_replicas(self, req: CacheRequest) -> Claim:
         """The cross-replica lease of `req` (cache/lease.py): lead, read a peer's stored answer, or

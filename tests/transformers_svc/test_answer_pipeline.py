@@ -1,0 +1,162 @@
+"""The answer pipeline's single flight on a real Redis (the cache's embedder and verifier are the
+tests' doubles, the predictor a counting generator): one generation for identical concurrent
+requests, whose followers report `shared`; the leader's failure and cancellation; the bounded wait;
+and one generation across two replicas through the lease."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from cache.semantic_cache import SemanticCache
+from cache.settings import CacheSettings
+from cache.store import RedisCacheStore
+from semserve.answer import Piece
+from semserve.sampling import SamplingOptions
+from semserve.tooling.local_redis import RedisServer
+from tests.cache.conftest import make_settings
+from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
+from transformers_svc.answer_pipeline import AnswerPipeline, AnswerRequest
+from transformers_svc.config import TransformerSettings
+from transformers_svc.request_context import RequestContext
+
+Q = "What is the capital of France?"
+
+
+class CountingGenerator:
+    """Stands in for the predictor: `make(n)` says what the n-th call does."""
+
+    def __init__(self, make: Callable[[int], Awaitable[str]]) -> None:
+        self.make = make
+        self.calls = 0
+
+    async def generate(self, prompt: object, options: SamplingOptions, request_id: str) -> Piece:
+        self.calls += 1
+        return Piece(await self.make(self.calls), "stop", 2, 5)
+
+    async def stream(self, prompt: object, options: SamplingOptions, request_id: str) -> AsyncIterator[Piece]:
+        self.calls += 1
+        text = await self.make(self.calls)
+        yield Piece(text, None, 1, 5)
+        yield Piece("", "stop", 2, 5)
+
+
+def ask(prompt: str = Q) -> AnswerRequest:
+    ctx = RequestContext("acme", "rid", "v2-rest", "/v2/models/llm/infer", frozenset(),
+                         SamplingOptions(temperature=0, max_tokens=8))  # fmt: skip
+    return AnswerRequest(ctx, "completion", prompt)
+
+
+def pipeline(cache: SemanticCache, gen: CountingGenerator) -> AnswerPipeline:
+    return AnswerPipeline(TransformerSettings(), cache, gen)
+
+
+async def test_one_generation_for_identical_requests_the_others_shared(cache: SemanticCache) -> None:
+    async def slow(_: int) -> str:
+        await asyncio.sleep(0.2)
+        return "Paris"
+
+    gen = CountingGenerator(slow)
+    p = pipeline(cache, gen)
+    outcomes = await asyncio.gather(*(p.answer(ask()) for _ in range(20)))
+    assert gen.calls == 1 and all(o.answer.text == "Paris" for o in outcomes)
+    assert sorted(o.status for o in outcomes) == ["miss"] + ["shared"] * 19
+    assert cache.counters.singleflight_leaders == 1 and cache.counters.singleflight_joined == 19
+    assert (await p.answer(ask())).status == "exact"  # the leader stored it before answering
+    assert not len(p.flights)
+
+
+async def test_streamed_followers_are_shared_too(cache: SemanticCache) -> None:
+    async def slow(_: int) -> str:
+        await asyncio.sleep(0.2)
+        return "Paris"
+
+    gen = CountingGenerator(slow)
+    p = pipeline(cache, gen)
+
+    async def streamed() -> tuple[str, str]:
+        s = await p.stream(ask())
+        return s.status, "".join([piece.text async for piece in s])
+
+    results = await asyncio.gather(*(streamed() for _ in range(5)), p.answer(ask()))
+    texts = [r[1] if isinstance(r, tuple) else r.answer.text for r in results]
+    statuses = [r[0] if isinstance(r, tuple) else r.status for r in results]
+    assert gen.calls == 1 and texts == ["Paris"] * 6
+    assert sorted(statuses) == ["miss"] + ["shared"] * 5
+
+
+async def test_the_leaders_error_reaches_the_waiters(cache: SemanticCache) -> None:
+    async def failing(_: int) -> str:
+        await asyncio.sleep(0.05)
+        raise RuntimeError("predictor down")
+
+    gen = CountingGenerator(failing)
+    p = pipeline(cache, gen)
+    results = await asyncio.gather(*(p.answer(ask()) for _ in range(5)), return_exceptions=True)
+    assert gen.calls == 1 and all(isinstance(r, RuntimeError) for r in results)
+    assert (await cache.lookup(p.key(ask().context, "completion", Q))).status == "miss"
+    assert not len(p.flights)
+
+
+async def test_the_generation_outlives_its_leaders_cancellation(cache: SemanticCache) -> None:
+    async def slow(_: int) -> str:
+        await asyncio.sleep(0.1)
+        return "Paris"
+
+    gen = CountingGenerator(slow)
+    p = pipeline(cache, gen)
+    leader = asyncio.create_task(p.answer(ask()))
+    await asyncio.sleep(0.01)
+    waiters = [asyncio.create_task(p.answer(ask())) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    leader.cancel()
+    outcomes = await asyncio.gather(*waiters)
+    # Still listened to: the one generation goes on for the waiters, nothing is made twice.
+    assert [o.answer.text for o in outcomes] == ["Paris"] * 3 and gen.calls == 1
+    assert leader.cancelled()
+
+
+async def test_a_followers_wait_is_bounded(store: RedisCacheStore, cache_settings: CacheSettings) -> None:
+    cache_settings.singleflight_wait_s = 0.05
+    cache = SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(), cache_settings)
+
+    async def first_slow(n: int) -> str:
+        await asyncio.sleep(0.3 if n == 1 else 0.0)
+        return f"answer {n}"
+
+    gen = CountingGenerator(first_slow)
+    p = pipeline(cache, gen)
+    outcomes = await asyncio.gather(*(p.answer(ask()) for _ in range(3)))
+    assert gen.calls == 3 and cache.counters.singleflight_wait_timeouts == 2
+    assert outcomes[0].answer.text == "answer 1"
+
+
+async def test_two_replicas_on_one_redis_generate_once(redis_server: RedisServer, clean_redis: Any) -> None:
+    """Two pipelines with their own caches (own clients, own flights) on one Redis: one
+    generation through the lease, the other replica's request `shared`; with the lease off, each
+    generates."""
+
+    async def run(lease: bool) -> tuple[int, list[str], list[str]]:
+        settings = make_settings(redis_server.url, singleflight_replicas=lease)
+        caches = []
+        for _ in range(2):
+            s = RedisCacheStore.from_settings(settings)
+            await s.ensure_index()
+            caches.append(SemanticCache(s, HashingEmbedderDouble(), ThresholdVerifierDouble(0.8), settings))
+
+        async def slow(_: int) -> str:
+            await asyncio.sleep(0.5)
+            return "Paris."
+
+        gen = CountingGenerator(slow)
+        outcomes = await asyncio.gather(*(pipeline(c, gen).answer(ask(f"capital, lease {lease}"))
+                                          for c in caches))  # fmt: skip
+        for c in caches:
+            await c.close()
+        return gen.calls, [o.answer.text for o in outcomes], sorted(o.status for o in outcomes)
+
+    calls, texts, statuses = await run(lease=True)
+    assert calls == 1 and texts == ["Paris.", "Paris."] and statuses == ["miss", "shared"]
+    calls, _, statuses = await run(lease=False)
+    assert calls == 2 and statuses == ["miss", "miss"]
