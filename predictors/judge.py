@@ -18,9 +18,10 @@ from kserve import InferOutput, InferRequest, InferResponse
 
 from semserve import v2
 from semserve.errors import BadRequest, Unavailable
+from semserve.errors import BadRequest as InvalidInput400
+from semserve.errors import Unavailable as Unavailable503
 from semserve.judge_protocol import CACHED_INPUT, PROBABILITY_OUTPUT, QUERY_INPUT, judge_model_name
-from semserve.serving import InvalidInput400, Unavailable503
-from semserve.text_model import V2Model, request_id
+from semserve.v2.text_model import V2Model, request_id
 
 if TYPE_CHECKING:  # the engine imports this module's prompt; the model only needs its type
     from predictors.engine import Engine
@@ -105,7 +106,7 @@ def _text(payload: InferRequest, name: str) -> str:
     if len(items) != 1:
         raise BadRequest(f"{name} must hold exactly one text", name)
     # The v2 contract's decoding: UTF-8, no NUL, not blank; its errors name the input.
-    return v2._decode(items[0], 0, name)
+    return v2.decode_text(items[0], 0, name)
 
 
 class SameAnswerJudge(V2Model):

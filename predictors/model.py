@@ -10,10 +10,12 @@ from kserve import InferRequest, InferResponse
 from predictors.config import PredictorSettings
 from predictors.engine import Engine, Prepared
 from semserve import tracing, v2
+from semserve.answer import Answer
 from semserve.errors import BadRequest, Unavailable
-from semserve.serving import InvalidInput400, Unavailable503
+from semserve.errors import BadRequest as InvalidInput400
+from semserve.errors import Unavailable as Unavailable503
 from semserve.streams import merge_streams
-from semserve.text_model import TextModel, request_id
+from semserve.v2.text_model import TextModel, request_id
 
 
 class VLLMPredictor(TextModel):
@@ -61,7 +63,7 @@ class VLLMPredictor(TextModel):
             self.name,
             rid,
             [
-                v2.TextResult(r.text, r.finish_reason, r.completion_tokens, r.prompt_tokens)
+                Answer(r.text, r.finish_reason, r.completion_tokens, r.prompt_tokens)
                 for r in results
             ],
             parameters=self._parameters(sum(r.prompt_tokens for r in results)),
@@ -88,7 +90,7 @@ class VLLMPredictor(TextModel):
         async for index, delta in merge_streams(streams):
             if delta.finish_reason:
                 unfinished -= 1
-            piece = v2.TextResult(delta.text, delta.finish_reason or "", delta.completion_tokens)
+            piece = Answer(delta.text, delta.finish_reason or "", delta.completion_tokens)
             response = v2.piece_response(self.name, rid, size, index, piece, params)
             yield v2.StreamPart(response, final=unfinished == 0)
 

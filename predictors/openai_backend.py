@@ -9,7 +9,7 @@ from predictors.engine import Engine, Prepared
 from semserve import openai_protocol as oa
 from semserve import tracing
 from semserve.errors import BadRequest, NotFound
-from semserve.openai_routes import MODEL_REVISION_HEADER, RequestContext
+from semserve.openai_routes import MODEL_REVISION_HEADER, OpenAIHttpCall
 from semserve.streams import merge_streams
 
 PROTOCOL = "openai"
@@ -24,7 +24,7 @@ class PredictorOpenAI:
     def models(self) -> list[oa.OpenAIModelCard]:
         return [oa.model_card(self.name, int(self.engine.started_at or 0))]
 
-    def _label(self, ctx: RequestContext) -> None:
+    def _label(self, ctx: OpenAIHttpCall) -> None:
         # Streams too: the routes send ctx.response_headers before the first chunk.
         if self.settings.model_revision:
             ctx.response_headers[MODEL_REVISION_HEADER] = self.settings.model_revision
@@ -35,7 +35,7 @@ class PredictorOpenAI:
             raise NotFound(f"model {model!r} not found; this server serves {self.name!r}", "model")
 
     async def completions(
-        self, req: oa.CompletionRequest, ctx: RequestContext
+        self, req: oa.CompletionRequest, ctx: OpenAIHttpCall
     ) -> oa.Completion | AsyncIterator[oa.Completion]:
         self._check_model(req.model)
         options = req.sampling(self.settings.default_max_tokens)
@@ -63,7 +63,7 @@ class PredictorOpenAI:
         prepared: list[Prepared],
         rid: str,
         created: int,
-        ctx: RequestContext,
+        ctx: OpenAIHttpCall,
         include_usage: bool,
     ) -> AsyncIterator[oa.Completion]:
         totals = {"prompt": sum(len(p.token_ids) for p in prepared), "completion": [0] * len(prepared)}
@@ -78,7 +78,7 @@ class PredictorOpenAI:
             )
 
     async def chat_completions(
-        self, req: oa.ChatCompletionRequest, ctx: RequestContext
+        self, req: oa.ChatCompletionRequest, ctx: OpenAIHttpCall
     ) -> oa.ChatCompletion | AsyncIterator[oa.ChatCompletionChunk]:
         self._check_model(req.model)
         options = req.sampling(self.settings.default_max_tokens)
@@ -100,7 +100,7 @@ class PredictorOpenAI:
         )
 
     async def _stream_chat(
-        self, prepared: Prepared, rid: str, created: int, ctx: RequestContext, include_usage: bool
+        self, prepared: Prepared, rid: str, created: int, ctx: OpenAIHttpCall, include_usage: bool
     ) -> AsyncIterator[oa.ChatCompletionChunk]:
         # OpenAI sends the role first, in a chunk of its own with empty content.
         yield oa.chat_chunk(rid, self.name, created, "", role=True)

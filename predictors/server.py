@@ -11,7 +11,7 @@ from predictors.judge import SameAnswerJudge
 from predictors.model import VLLMPredictor
 from predictors.openai_backend import PredictorOpenAI
 from semserve import model_prep, tracing
-from semserve.serving.service import Service, run_service
+from semserve.serving.app_builder import Service, run_service
 
 
 def resolve_model_dir(settings: PredictorSettings) -> Path:

@@ -241,8 +241,3 @@ class ServerSettings(OpenAIRouteSettings):
     default_max_tokens: int = setting(128, "max_tokens when a request gives none.")
     grace_period_s: float = setting(30.0, "On SIGTERM, how long in-flight requests may take to finish.")
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
-    v2_fast_path: bool = setting(
-        True,
-        "Answer v2 REST infer and ready requests for the served model in a lean route before "
-        "FastAPI/KServe's app (same answers; anything it cannot answer exactly goes to KServe's route).",
-    )

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from semserve.errors import BadRequest, NotFound, ServingError
+from semserve.errors import BadRequest, NotFound, ServingError, codes_of, json_error_text
 from semserve.logs import get_logger, request_id_var
 from semserve.openai_protocol import (
     ChatCompletion,
@@ -36,7 +36,10 @@ MODEL_REVISION_HEADER = "x-semserve-model-revision"
 
 
 @dataclass
-class RequestContext:
+class OpenAIHttpCall:
+    """One HTTP call to an OpenAI route, as the backend sees it: its id, its headers, and the
+    headers the backend wants on the response."""
+
     request_id: str
     headers: dict[str, str]
     # Headers the backend wants on the response (e.g. the transformer's x-semserve-cache).
@@ -47,19 +50,20 @@ class OpenAIBackend(Protocol):
     def models(self) -> list[OpenAIModelCard]: ...
 
     async def completions(
-        self, req: CompletionRequest, ctx: RequestContext
+        self, req: CompletionRequest, ctx: OpenAIHttpCall
     ) -> Completion | AsyncIterator[Completion]: ...
 
     async def chat_completions(
-        self, req: ChatCompletionRequest, ctx: RequestContext
+        self, req: ChatCompletionRequest, ctx: OpenAIHttpCall
     ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]: ...
 
 
+def _error_content(exc: ServingError) -> dict[str, Any]:
+    return error_body(exc.message, codes_of(exc).openai_type, exc.field)
+
+
 def error_response(exc: ServingError) -> JSONResponse:
-    return JSONResponse(
-        status_code=exc.http_status,
-        content=error_body(exc.message, exc.openai_type, exc.field),
-    )
+    return JSONResponse(status_code=codes_of(exc).http_status, content=_error_content(exc))
 
 
 def _dump(obj: BaseModel) -> str:
@@ -72,7 +76,7 @@ async def _sse(stream: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
             yield f"data: {_dump(chunk)}\n\n".encode()
     except ServingError as exc:
         # Headers are gone once streaming started: the error travels as a final event.
-        yield f"data: {json.dumps(error_body(exc.message, exc.openai_type, exc.field))}\n\n".encode()
+        yield f"data: {json.dumps(_error_content(exc))}\n\n".encode()
     yield b"data: [DONE]\n\n"
 
 
@@ -82,8 +86,10 @@ async def _parse(request: Request, model_cls: type[BaseModel]) -> Any:
         data = json.loads(body)
     except RecursionError:  # e.g. 100k nested "[": the stdlib parser recurses per level
         raise BadRequest("request body is nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequest(json_error_text(exc.msg, exc.doc, exc.pos)) from None
     except ValueError as exc:
-        # JSONDecodeError, UnicodeDecodeError, and the plain ValueError of an integer literal over
+        # UnicodeDecodeError, and the plain ValueError of an integer literal over
         # Python's 4300-digit limit.
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -123,11 +129,11 @@ def body_openapi(model_cls: type[BaseModel], served: list[str]) -> dict[str, Any
 
 
 def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = ROUTE_PREFIX) -> None:
-    def context(request: Request) -> RequestContext:
+    def context(request: Request) -> OpenAIHttpCall:
         rid = request_id_var.get() or request.headers.get("x-request-id") or ""
-        return RequestContext(request_id=rid, headers=dict(request.headers))
+        return OpenAIHttpCall(request_id=rid, headers=dict(request.headers))
 
-    def respond(result: Any, ctx: RequestContext) -> Response:
+    def respond(result: Any, ctx: OpenAIHttpCall) -> Response:
         if isinstance(result, BaseModel):
             return Response(_dump(result), media_type="application/json", headers=ctx.response_headers)
         return StreamingResponse(
@@ -169,16 +175,30 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
     # Before our own routes and KServe's: `/v1/models` is KServe's v1 model list, which an OpenAI
     # client pointed at .../v1 would read as an empty list.
     register_wrong_prefix_routes(app, prefix)
-    app.add_api_route(f"{prefix}/v1/models", list_models, methods=["GET"], tags=["openai"])
-    app.add_api_route(f"{prefix}/v1/models/{{model_name}}", get_model, methods=["GET"], tags=["openai"])
-    app.add_api_route(
-        f"{prefix}/v1/completions", completions, methods=["POST"], tags=["openai"],
-        openapi_extra=body_openapi(CompletionRequest, served),
-    )
-    app.add_api_route(
-        f"{prefix}/v1/chat/completions", chat_completions, methods=["POST"], tags=["openai"],
-        openapi_extra=body_openapi(ChatCompletionRequest, served),
-    )
+    for base in served_prefixes(prefix):
+        # The alias (vLLM's `/v1`) stays out of the OpenAPI document: one entry per operation.
+        documented = base == prefix
+        app.add_api_route(f"{base}/v1/models", list_models, methods=["GET"], tags=["openai"],
+                          include_in_schema=documented)
+        if documented:
+            # Not at /v1/models/{name}: that is KServe's v1 model-ready route.
+            app.add_api_route(f"{base}/v1/models/{{model_name}}", get_model, methods=["GET"],
+                              tags=["openai"])
+        app.add_api_route(
+            f"{base}/v1/completions", completions, methods=["POST"], tags=["openai"],
+            openapi_extra=body_openapi(CompletionRequest, served), include_in_schema=documented,
+        )
+        app.add_api_route(
+            f"{base}/v1/chat/completions", chat_completions, methods=["POST"], tags=["openai"],
+            openapi_extra=body_openapi(ChatCompletionRequest, served), include_in_schema=documented,
+        )
+
+
+def served_prefixes(prefix: str) -> list[str]:
+    """Where the OpenAI routes are served: under `prefix`, and with the default prefix also at
+    vLLM's `/v1` (the base URL most OpenAI-compatible servers answer at). A configured prefix is
+    the only one."""
+    return [prefix, ""] if prefix == ROUTE_PREFIX else [prefix]
 
 
 # The OpenAI paths a client reaches with a habitual base URL: vLLM's (`/v1`), KServe's default
@@ -189,7 +209,8 @@ _HABITUAL_PREFIXES = ("", ROUTE_PREFIX)
 
 def wrong_prefix_paths(prefix: str) -> list[str]:
     """Paths that look like an OpenAI route under another base URL than this server's."""
-    bases = [f"{p}/v1" for p in _HABITUAL_PREFIXES if p != prefix]
+    served = served_prefixes(prefix)
+    bases = [f"{p}/v1" for p in _HABITUAL_PREFIXES if p not in served]
     if prefix:
         bases.append(prefix)  # base URL without /v1
     return [f"{base}{path}" for base in bases for path, _ in _OPENAI_PATHS]
@@ -207,8 +228,8 @@ def register_wrong_prefix_routes(app: FastAPI, prefix: str) -> None:
             f"(e.g. {request.method} {prefix}/v1{tail}); set base_url={base!r} in your client"
         )
         log.warning("openai_wrong_prefix", path=request.url.path, expected_base=f"{prefix}/v1")
-        return JSONResponse(status_code=404, content=error_body(message, NotFound.openai_type, None,
-                                                                "wrong_base_url"))  # fmt: skip
+        kind = codes_of(NotFound(message)).openai_type
+        return JSONResponse(status_code=404, content=error_body(message, kind, None, "wrong_base_url"))
 
     for path in wrong_prefix_paths(prefix):
         app.add_api_route(path, wrong_prefix, methods=["GET", "POST"], include_in_schema=False)

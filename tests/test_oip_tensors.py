@@ -9,8 +9,8 @@ import pytest
 from kserve import InferOutput, InferResponse
 from kserve.errors import InvalidInput
 
-from semserve.oip import inference_pb2 as pb
-from semserve.oip import tensors
+from semserve.v2 import inference_pb2 as pb
+from semserve.v2 import grpc_tensors as tensors
 
 
 def test_bytes_tensor_wire_format_is_length_prefixed() -> None:

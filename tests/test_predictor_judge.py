@@ -118,7 +118,7 @@ async def test_judge_is_unready_and_503_while_the_engine_starts() -> None:
     from predictors.config import PredictorSettings
     from predictors.engine import Engine
     from predictors.judge import SameAnswerJudge
-    from semserve.serving import Unavailable503
+    from semserve.errors import Unavailable as Unavailable503
 
     judge = SameAnswerJudge(MODEL, Engine(PredictorSettings(), model_prep.prepare().model_dir))
     assert judge.name == JUDGE and judge.load()

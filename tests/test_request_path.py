@@ -14,7 +14,6 @@ from semserve import openai_routes
 from semserve.answer import Answer, Piece, answer_of
 from semserve.errors import BadRequest, Unavailable
 from semserve.sampling import SamplingOptions
-from semserve.serving import InvalidInput400
 from semserve.v2.text_model import request_id
 from transformers_svc.answer_pipeline import AnswerPipeline, hit_answer
 from transformers_svc.auth import tenant_var
@@ -54,7 +53,7 @@ def test_v2_context_is_made_once_from_the_request() -> None:
 
 
 def test_openai_context() -> None:
-    http = openai_routes.RequestContext(request_id="r1", headers={"cache-control": "no-cache"})
+    http = openai_routes.OpenAIHttpCall(request_id="r1", headers={"cache-control": "no-cache"})
     ctx = openai_context(http, model="llm", default_tenant="t", route="/openai/v1/completions")
     assert (ctx.tenant, ctx.request_id, ctx.protocol) == ("t", "r1", "openai")
     assert ctx.cache_control == {"no-cache"}
@@ -97,7 +96,7 @@ def test_formatters() -> None:
 
 def test_status_of() -> None:
     assert status_of(BadRequest("no")) == 400 and status_of(Unavailable("down")) == 503
-    assert status_of(InvalidInput400("no")) == 400 and status_of(RuntimeError()) == 500
+    assert status_of(BadRequest("no")) == 400 and status_of(RuntimeError()) == 500
     assert status_of(GeneratorExit()) == 499
 
 

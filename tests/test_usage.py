@@ -12,8 +12,9 @@ import grpc
 import httpx
 import openai
 
-from semserve.oip import inference_pb2 as pb
-from semserve.oip import service, tensors
+from semserve.v2 import inference_pb2 as pb
+from semserve.v2 import grpc_service as service
+from semserve.v2 import grpc_tensors as tensors
 from tests.conftest import Predictor, Transformer
 
 SYSTEM = "You answer in one short sentence."

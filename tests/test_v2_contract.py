@@ -8,6 +8,7 @@ import pytest
 from kserve import InferInput, InferRequest
 
 from semserve import v2
+from semserve.answer import Answer
 from semserve.errors import BadRequest
 
 
@@ -50,7 +51,7 @@ def test_errors_name_the_field(inputs: list[InferInput], params: dict, field: st
 
 
 def test_response_round_trip() -> None:
-    results = [v2.TextResult("hi", "stop", 1), v2.TextResult("yo", "length", 4)]
+    results = [Answer("hi", "stop", 1), Answer("yo", "length", 4)]
     resp = v2.build_response("llm", "id1", results)
     assert v2.read_response(resp) == results
 
@@ -99,7 +100,7 @@ def test_stream_comes_from_the_input_or_the_parameter() -> None:
 
 
 def test_piece_response_fills_only_its_prompt() -> None:
-    resp = v2.piece_response("llm", "r", 3, 1, v2.TextResult("lo", "", 2), {"prompt_tokens": 9})
+    resp = v2.piece_response("llm", "r", 3, 1, Answer("lo", "", 2), {"prompt_tokens": 9})
     assert v2.read_response(resp) == [
-        v2.TextResult("", "", 0), v2.TextResult("lo", "", 2), v2.TextResult("", "", 0)
+        Answer("", "", 0), Answer("lo", "", 2), Answer("", "", 0)
     ]

@@ -24,7 +24,8 @@ from kserve.errors import ModelNotFound
 from semserve import v2
 from semserve.answer import Answer, Piece
 from semserve.errors import BadRequest, NotFound, Unavailable
-from semserve.serving import InvalidInput400, Unavailable503
+from semserve.errors import BadRequest as InvalidInput400
+from semserve.errors import Unavailable as Unavailable503
 from semserve.streams import merge_streams
 from semserve.v2.text_model import TextModel
 from transformers_svc.answer_pipeline import SERVED, AnswerPipeline, AnswerRequest, Outcome
@@ -176,7 +177,7 @@ class SemanticCacheTransformer(TextModel):
                 params[name] = _wire_number(call.ctx, value)
             response = v2.piece_response(
                 self.name, call.ctx.request_id, size, index,
-                v2.TextResult(piece.text, piece.finish_reason or "", piece.completion_tokens),
+                Answer(piece.text, piece.finish_reason or "", piece.completion_tokens),
                 params,
                 {CACHE_STATUS: [s if i == index else "" for i, s in enumerate(statuses)]},
             )
@@ -214,5 +215,5 @@ def similarity_parameters(outcomes: list[tuple[str, float | None]]) -> dict[str,
     return out
 
 
-def _result(answer: Answer) -> v2.TextResult:
-    return v2.TextResult(answer.text, answer.finish_reason, answer.completion_tokens, answer.prompt_tokens)
+def _result(answer: Answer) -> Answer:
+    return Answer(answer.text, answer.finish_reason, answer.completion_tokens, answer.prompt_tokens)

@@ -39,7 +39,7 @@ CHAT_ROUTE = "/openai/v1/chat/completions"
 COMPLETIONS_ROUTE = "/openai/v1/completions"
 
 
-def _cache_headers(http: openai_routes.RequestContext, status: str, similarity: float | None) -> None:
+def _cache_headers(http: openai_routes.OpenAIHttpCall, status: str, similarity: float | None) -> None:
     http.response_headers["x-semserve-cache"] = status
     if similarity is None:
         return
@@ -116,7 +116,7 @@ class _Request:
     headers), the body (for the full request log) and the prompts the log hashes."""
 
     ctx: RequestContext
-    http: openai_routes.RequestContext
+    http: openai_routes.OpenAIHttpCall
     body: BaseModel
     prompts: list[str]
 
@@ -135,7 +135,7 @@ class TransformerOpenAI:
     # -- the edge -----------------------------------------------------------------------------------
 
     def _request(
-        self, http: openai_routes.RequestContext, body: BaseModel, model: str, route: str, prompts: list[str]
+        self, http: openai_routes.OpenAIHttpCall, body: BaseModel, model: str, route: str, prompts: list[str]
     ) -> _Request:
         ctx = openai_context(http, model=model, default_tenant=self.settings.tenant, route=route)
         return _Request(ctx, http, body, prompts)
@@ -145,7 +145,7 @@ class TransformerOpenAI:
             raise NotFound(f"model {model!r} not found; this server serves {self.name!r}", "model")
 
     async def chat_completions(
-        self, req: oa.ChatCompletionRequest, http: openai_routes.RequestContext
+        self, req: oa.ChatCompletionRequest, http: openai_routes.OpenAIHttpCall
     ) -> oa.ChatCompletion | AsyncIterator[oa.ChatCompletionChunk]:
         last = req.messages[-1].text if req.messages else ""
         r = self._request(http, req, req.model, CHAT_ROUTE, [last])
@@ -156,7 +156,7 @@ class TransformerOpenAI:
             raise
 
     async def completions(
-        self, req: oa.CompletionRequest, http: openai_routes.RequestContext
+        self, req: oa.CompletionRequest, http: openai_routes.OpenAIHttpCall
     ) -> oa.Completion | AsyncIterator[oa.Completion]:
         r = self._request(http, req, req.model, COMPLETIONS_ROUTE, req.prompts)
         try:
@@ -268,5 +268,5 @@ def _chat_field(ask: AnswerRequest) -> Iterator[None]:
         yield
     except BadRequest as exc:
         if ask.kind == "chat" and exc.field is not None and exc.field.startswith("chat"):
-            raise BadRequest(exc.message, "messages") from None
+            raise BadRequest(exc.message.replace(exc.field, "messages"), "messages") from None
         raise

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER
 from kserve.errors import InferenceError, InvalidInput, ModelNotFound
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
+from semserve.errors import BadRequest
 from semserve.serving.state import ServingState
 
 
@@ -31,6 +33,13 @@ class ReadinessDataPlane(DataPlane):
         # KServe's decoding of a client's body (the binary tensor extension above all) raises
         # TypeError/KeyError/ValueError on malformed input, e.g. a JSON header that is `null` or a
         # non-numeric inference-header-content-length; those are the client's error, a 400.
+        if isinstance(body, bytes) and not (headers or {}).get(INFERENCE_CONTENT_LENGTH_HEADER):
+            # KServe's own message for this lacks a space ("the'inference-header-...").
+            raise BadRequest(
+                f"received binary tensor data, but the {INFERENCE_CONTENT_LENGTH_HEADER!r} header is "
+                "missing (send the body as JSON with content-type: application/json)",
+                INFERENCE_CONTENT_LENGTH_HEADER,
+            )
         try:
             return super().decode_inference_request(body, headers, model_name)
         except (InferenceError, InvalidInput):

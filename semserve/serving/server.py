@@ -27,13 +27,12 @@ from kserve.protocol.rest.server import RESTServer
 from semserve import http_limits, kserve_rest, tracing
 from semserve.config import ServerSettings
 from semserve.logs import get_logger
-from semserve.oip import service as oip_service
 from semserve.serving.errors import install_error_handlers
-from semserve.serving.fast_v2 import FastV2
 from semserve.serving.grpc_guard import GrpcGuard
 from semserve.serving.http_guard import HttpGuard
 from semserve.serving.kserve_overrides import ReadinessDataPlane, ServedModels
 from semserve.serving.state import ServingState
+from semserve.v2 import grpc_service
 
 log = get_logger("semserve.serving")
 
@@ -60,7 +59,6 @@ class SemserveModelServer(kserve.ModelServer):
         setup_app: Callable[[FastAPI], None] | None = None,
         wrap_app: Callable[[Any], Any] | None = None,
         grpc_interceptors: tuple[aio.ServerInterceptor, ...] = (),
-        v2_fast_path: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -82,8 +80,6 @@ class SemserveModelServer(kserve.ModelServer):
         # An inner ASGI layer (e.g. the transformer's auth), run inside the guard.
         self.wrap_app = wrap_app
         self.grpc_interceptors = grpc_interceptors
-        # v2 REST's infer and ready answered before FastAPI (semserve/serving/fast_v2.py).
-        self.v2_fast_path = v2_fast_path
         self._uvicorn: _QuietServer | None = None
         self._grpc: aio.Server | None = None
         self._stopped = asyncio.Event()
@@ -111,7 +107,6 @@ class SemserveModelServer(kserve.ModelServer):
             setup_app=setup_app,
             wrap_app=wrap_app,
             grpc_interceptors=grpc_interceptors,
-            v2_fast_path=settings.v2_fast_path,
         )
 
     def start(self, models: list[Any]) -> None:  # type: ignore[override]
@@ -197,9 +192,7 @@ class SemserveModelServer(kserve.ModelServer):
         with kserve_rest.without_kserve_openai():  # KServe's OpenAI layer would import vLLM
             rest.create_application()
         install_error_handlers(app)
-        # Innermost, so the guard, auth and CORS see its requests as they see KServe's.
-        routed: Any = FastV2(app, self.dataplane) if self.v2_fast_path else app
-        inner: Any = self.wrap_app(routed) if self.wrap_app is not None else routed
+        inner: Any = self.wrap_app(app) if self.wrap_app is not None else app
         return HttpGuard(inner, self.state, self.max_body_bytes)
 
     async def _serve_grpc(self) -> None:
@@ -217,7 +210,7 @@ class SemserveModelServer(kserve.ModelServer):
         # KServe's servicer for health, metadata and repository RPCs; ours for ModelInfer (raw
         # outputs, as Triton) and ModelStreamInfer (which KServe's proto lacks).
         server.add_generic_rpc_handlers((
-            oip_service.generic_handler(
+            grpc_service.generic_handler(
                 self.dataplane, InferenceServicer(self.dataplane, self.model_repository_extension)
             ),
         ))

@@ -14,9 +14,9 @@ from grpc import aio
 
 from semserve import logs, tracing
 from semserve.config import ServerSettings
-from semserve.generate_routes import register_generate_routes
 from semserve.openai_routes import OpenAIBackend, register_openai_routes, with_cors
 from semserve.serving.server import SemserveModelServer
+from semserve.v2.generate_routes import register_generate_routes
 
 Asgi = Any  # an ASGI application
 

@@ -20,20 +20,21 @@ from typing import Any, Protocol, runtime_checkable
 
 import grpc
 from grpc import aio
+from grpc_interceptor.exceptions import GrpcException
 from kserve import InferRequest
-from kserve.errors import InferenceError, InvalidInput, ModelNotFound, ServerNotReady
+from kserve.errors import ModelNotFound
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as kserve_pb
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.utils.utils import to_headers
 
 from semserve import v2
-from semserve.errors import ServingError
+from semserve.errors import SERVER_ERROR, codes_of, error_field, error_text
 from semserve.logs import get_logger
-from semserve.oip import inference_pb2 as pb
-from semserve.oip import tensors
+from semserve.v2 import grpc_tensors as tensors
+from semserve.v2 import inference_pb2 as pb
 
-log = get_logger("semserve.oip")
+log = get_logger("semserve.v2")
 
 SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER = f"/{SERVICE}/ModelInfer"
@@ -62,47 +63,27 @@ class StreamingModel(Protocol):
     ) -> AsyncIterator[v2.StreamPart]: ...
 
 
-def error_status(exc: BaseException) -> int:
-    if isinstance(exc, ServingError):
-        return exc.http_status
-    if isinstance(exc, (InvalidInput, InferenceError)):
-        return 400
-    if isinstance(exc, ModelNotFound):
-        return 404
-    if isinstance(exc, ServerNotReady):
-        return 503
-    return 500
-
-
-def error_field(exc: BaseException) -> str | None:
-    return getattr(exc, "field", None)
-
-
-def error_text(exc: BaseException) -> str:
-    """What a client reads of a failed request: our message, KServe's reason, else the type."""
-    if isinstance(exc, ServingError):
-        return exc.message
-    reason = getattr(exc, "reason", None) or getattr(exc, "error_msg", None)
-    return str(reason or exc or type(exc).__name__)
-
-
 class InferenceService:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
 
     async def model_infer(self, message: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:
-        request = tensors.to_infer_request(message)
         try:
+            request = tensors.to_infer_request(message)
             response, _ = await self.dataplane.infer(
                 model_name=message.model_name, request=request, headers=to_headers(context)
             )
-        except InvalidInput as exc:
-            # KServe's interceptor turns it into INVALID_ARGUMENT with the message; the field that
-            # was wrong travels beside it.
+        except Exception as exc:
+            codes = codes_of(exc)
+            if codes is SERVER_ERROR:
+                raise  # KServe's interceptor logs it and answers INTERNAL
+            # The error table's code and text; the field that was wrong travels beside them.
+            log.info("request_rejected", rpc="ModelInfer", status=codes.http_status,
+                     error=type(exc).__name__, detail=error_text(exc)[:200])
             field = error_field(exc)
             if field:
                 context.set_trailing_metadata(((ERROR_FIELD_METADATA, field),))
-            raise
+            raise GrpcException(error_text(exc), codes.grpc_status()) from None  # type: ignore[arg-type]
         return tensors.to_wire_response(response)
 
     async def model_stream_infer(
@@ -161,10 +142,11 @@ class InferenceService:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if not isinstance(exc, ServingError) and not hasattr(exc, "reason"):
+            if codes_of(exc) is SERVER_ERROR:
                 log.exception("stream_request_failed", model=message.model_name)
             failed = pb.ModelInferResponse(model_name=message.model_name, id=message.id)
-            failed.parameters[ERROR_STATUS].CopyFrom(pb.InferParameter(int64_param=error_status(exc)))
+            status = codes_of(exc).http_status
+            failed.parameters[ERROR_STATUS].CopyFrom(pb.InferParameter(int64_param=status))
             if error_field(exc):
                 failed.parameters[ERROR_FIELD].CopyFrom(pb.InferParameter(string_param=error_field(exc)))
             await out.put(pb.ModelStreamInferResponse(error_message=error_text(exc), infer_response=failed))

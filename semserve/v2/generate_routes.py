@@ -23,9 +23,9 @@ from kserve import InferInput, InferRequest, InferResponse
 from kserve.errors import InvalidInput, ModelNotFound, ServerNotReady
 
 from semserve import v2
-from semserve.errors import BadRequest, NotFound, ServingError
+from semserve.errors import BadRequest, NotFound, ServingError, codes_of, error_text, json_error_text
 from semserve.logs import request_id_var
-from semserve.oip.service import StreamingModel, error_status, error_text
+from semserve.v2.grpc_service import StreamingModel
 
 
 def _input(name: str, value: Any) -> InferInput:
@@ -91,12 +91,14 @@ def register_generate_routes(app: FastAPI, model: StreamingModel) -> None:
         raw = await request.body()
         try:
             body = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise BadRequest(json_error_text(exc.msg, exc.doc, exc.pos)) from None
         except (ValueError, RecursionError) as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
         return infer_request(model_name, body, stream=stream)
 
     def failed(exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=error_status(exc), content={"error": error_text(exc)})
+        return JSONResponse(status_code=codes_of(exc).http_status, content={"error": error_text(exc)})
 
     async def generate(model_name: str, request: Request) -> Response:
         try:

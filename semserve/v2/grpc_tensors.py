@@ -1,4 +1,4 @@
-"""Between the wire messages of semserve/oip/inference.proto and KServe's InferRequest/InferResponse.
+"""Between the wire messages of semserve/v2/inference.proto and KServe's InferRequest/InferResponse.
 
 Responses always carry their outputs in `raw_output_contents`, as Triton sends them: tritonclient
 with numpy 2 reads nothing else (typed `contents` fail in `InferResult.as_numpy`). Requests are read
@@ -16,7 +16,7 @@ from kserve import InferRequest, InferResponse
 from kserve.errors import InvalidInput
 from kserve.protocol.grpc.servicer import InferenceServicer
 
-from semserve.oip import inference_pb2 as pb
+from semserve.v2 import inference_pb2 as pb
 
 # Little-endian numpy types of the fixed-size v2 datatypes (BYTES is length-prefixed instead).
 _NUMPY = {
@@ -106,10 +106,10 @@ def to_wire_response(response: InferResponse) -> pb.ModelInferResponse:
         tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=list(output.shape))
         for key, value in (output.parameters or {}).items():
             tensor.parameters[key].CopyFrom(parameter(value))
-        if output._raw_data is not None:  # already binary (e.g. FP16)
-            message.raw_output_contents.append(bytes(output._raw_data))
-        else:
-            message.raw_output_contents.append(raw_contents(output.datatype, output.data))
+        data = output.data
+        if data is None:  # set as binary data (e.g. FP16): its values through KServe's public reader
+            data = np.asarray(output.as_numpy()).reshape(-1)
+        message.raw_output_contents.append(raw_contents(output.datatype, data))
     return message
 
 

@@ -1,4 +1,5 @@
-"""The v2 (Open Inference Protocol) tensor contract for text generation, shared by both services.
+"""The v2 (Open Inference Protocol) text tensor contract, shared by both services: the inputs and
+outputs of a text model, parsed from a KServe InferRequest and built into an InferResponse.
 
 It is the contract of Triton's vLLM backend, so existing clients work unchanged:
 - input  `text_input` BYTES [B] (or [B, 1]): B prompts, generated together;
@@ -24,6 +25,7 @@ import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse
 from pydantic import ValidationError
 
+from semserve.answer import Answer
 from semserve.errors import BadRequest
 from semserve.openai_protocol import ChatPrompt, validation_error
 from semserve.sampling import SamplingOptions, parse_sampling
@@ -75,14 +77,6 @@ class TextRequest:
         return len(self.chats) or len(self.prompts)
 
 
-@dataclass(frozen=True)
-class TextResult:
-    text: str
-    finish_reason: str
-    completion_tokens: int
-    prompt_tokens: int = 0
-
-
 def _plain_parameters(params: Any) -> dict[str, Any]:
     """Request parameters as plain Python values, whether they came over REST or gRPC."""
     if not params:
@@ -100,7 +94,8 @@ def _param_value(value: Any) -> Any:
     return value
 
 
-def _decode(item: Any, index: int, name: str = TEXT_INPUT) -> str:
+def decode_text(item: Any, index: int, name: str = TEXT_INPUT) -> str:
+    """One element of a BYTES input as text; a 400 naming `name[index]` when it is not usable text."""
     if isinstance(item, bytes):
         try:
             text = item.decode("utf-8")
@@ -139,7 +134,7 @@ def _elements(inp: Any) -> list[Any]:
 
 
 def _chat(item: Any, index: int) -> ChatPrompt:
-    text = _decode(item, index, CHAT_INPUT)
+    text = decode_text(item, index, CHAT_INPUT)
     try:
         prompt = ChatPrompt.model_validate_json(text)
     except ValidationError as exc:
@@ -196,7 +191,7 @@ def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
             f"{prompt_input.name} holds {len(items)} prompts; at most {max_batch}", prompt_input.name
         )
     if text_input is not None:
-        prompts, chats = [_decode(item, i) for i, item in enumerate(items)], []
+        prompts, chats = [decode_text(item, i) for i, item in enumerate(items)], []
     else:
         prompts, chats = [], [_chat(item, i) for i, item in enumerate(items)]
 
@@ -241,7 +236,7 @@ def text_inputs(request: InferRequest) -> list[str]:
 def build_response(
     model_name: str,
     request_id: str | None,
-    results: list[TextResult],
+    results: list[Answer],
     parameters: dict[str, Any] | None = None,
     extra_outputs: dict[str, list[str]] | None = None,
 ) -> InferResponse:
@@ -261,7 +256,7 @@ def build_response(
     )
 
 
-def read_response(response: InferResponse) -> list[TextResult]:
+def read_response(response: InferResponse) -> list[Answer]:
     """The inverse of build_response."""
 
     def column(name: str) -> list[Any]:
@@ -271,8 +266,8 @@ def read_response(response: InferResponse) -> list[TextResult]:
     return results_from_columns(column)
 
 
-def results_from_columns(column: Callable[[str], list[Any] | None]) -> list[TextResult]:
-    """TextResults from a response's output columns (`column(name)`: its flat values or None)."""
+def results_from_columns(column: Callable[[str], list[Any] | None]) -> list[Answer]:
+    """Answers from a response's output columns (`column(name)`: its flat values or None)."""
 
     def required(name: str) -> list[Any]:
         values = column(name)
@@ -287,7 +282,7 @@ def results_from_columns(column: Callable[[str], list[Any] | None]) -> list[Text
     reasons = required(FINISH_REASON) or [""] * len(texts)
     tokens = required(COMPLETION_TOKENS) or [0] * len(texts)
     return [
-        TextResult(text(t), text(r), int(n)) for t, r, n in zip(texts, reasons, tokens, strict=True)
+        Answer(text(t), text(r), int(n)) for t, r, n in zip(texts, reasons, tokens, strict=True)
     ]
 
 
@@ -304,13 +299,13 @@ def piece_response(
     request_id: str | None,
     size: int,
     index: int,
-    piece: TextResult,
+    piece: Answer,
     parameters: dict[str, Any] | None = None,
     extra_outputs: dict[str, list[str]] | None = None,
 ) -> InferResponse:
     """A streamed response of a batch of `size`: the new piece of prompt `index`, empty elsewhere
     (an unfinished prompt has finish_reason "")."""
-    results = [piece if i == index else TextResult("", "", 0) for i in range(size)]
+    results = [piece if i == index else Answer("", "", 0) for i in range(size)]
     return build_response(model_name, request_id, results, parameters, extra_outputs)
 
 
