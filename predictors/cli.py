@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from predictors.config import PredictorSettings
+from semserve import lifeline
 from semserve.tracing import TracingSettings
 
 TRACE_PREFIX = "trace-"
@@ -25,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     settings = PredictorSettings.from_namespace(args)
     trace_settings = TracingSettings.from_namespace(args, flag_prefix=TRACE_PREFIX)
+    # vLLM's engine processes (EngineCore, Workers) die with this process, even on SIGKILL.
+    lifeline.guard_children()
     if args.warm_up:
         from predictors.warmup import run as warm_up
 
