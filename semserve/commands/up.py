@@ -19,7 +19,14 @@ from pathlib import Path
 
 from semserve import loadbalancer
 from semserve.loadbalancer import Backend, Frontend
-from semserve.supervise import Component, StartFailed, Supervisor
+from semserve.supervise import (
+    Component,
+    StackRunning,
+    StartFailed,
+    Supervisor,
+    read_status,
+    stop_leftovers,
+)
 
 COMPONENTS = ("redis", "predictor", "transformer")
 
@@ -74,7 +81,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--redis-data-dir", type=Path, default=Path(".cache/redis"),
-        help="Redis persistence directory (default %(default)s)",
+        help="Redis data directory: its append-only file and log (default %(default)s)",
+    )
+    parser.add_argument(
+        "--redis-persistence", choices=("aof", "none"), default="aof",
+        help="aof: the cache survives a restart of Redis or of the stack (append-only file in "
+        "--redis-data-dir, fsync every second); none: in memory only (default %(default)s)",
+    )
+    parser.add_argument(
+        "--status", action="store_true",
+        help="print each component's state from up.json in --log-dir and exit (a stack whose "
+        "`semserve up` is gone shows as stopped)",
     )
     parser.set_defaults(func=_up)
 
@@ -115,7 +132,8 @@ def components(args: argparse.Namespace) -> list[Component]:
         Component(
             "redis",
             [py, "-m", "semserve.tooling.local_redis", "--port", str(args.redis_port),
-             "--data-dir", str(args.redis_data_dir)],
+             "--data-dir", str(args.redis_data_dir),
+             *(["--appendonly"] if args.redis_persistence == "aof" else [])],
             [args.redis_port],
             lambda: _redis_ready(args.redis_port),
         ),
@@ -197,7 +215,16 @@ Try (twice: the second answer comes from the cache, see x-semserve-cache):
   curl -si http://127.0.0.1:{http}/openai/v1/chat/completions \\
     -H 'content-type: application/json' -d '{body}'
 
-A component that exits is restarted; Ctrl-C stops everything."""
+A component that exits is restarted; Ctrl-C stops everything.{_persistence_line(args)}"""
+
+
+def _persistence_line(args: argparse.Namespace) -> str:
+    if args.redis_persistence == "none" or "redis" in args.without:
+        return ""
+    return (
+        f"\nThe cache persists in {args.redis_data_dir}/ (what was stored a second ago survives a "
+        "restart; --redis-persistence none keeps it in memory only)."
+    )
 
 
 def _replicas_line(args: argparse.Namespace) -> str:
@@ -218,7 +245,20 @@ def _status_line(sup: Supervisor) -> str:
     return "status: " + "; ".join(parts)
 
 
+def _print_status(args: argparse.Namespace) -> int:
+    statuses = read_status(args.log_dir / "up.json")
+    if not statuses:
+        print(f"semserve up: no stack recorded in {args.log_dir / 'up.json'}")
+        return 1
+    for st in statuses:
+        pid = f" (pid {st.pid})" if st.pid else ""
+        print(f"{st.name}: {st.state}{pid}, {st.restarts} restarts")
+    return 0
+
+
 def _up(args: argparse.Namespace) -> int:
+    if args.status:
+        return _print_status(args)
     if args.transformers < 1:
         print("semserve up: --transformers must be at least 1", file=sys.stderr)
         return 2
@@ -227,6 +267,12 @@ def _up(args: argparse.Namespace) -> int:
     except loadbalancer.NginxMissing as exc:
         print(f"semserve up: --transformers {args.transformers} needs a load balancer: {exc}",
               file=sys.stderr)
+        return 1
+    try:
+        # Before the port check: what a dead `semserve up` left holds our ports.
+        stop_leftovers(args.log_dir / "up.json", say=lambda m: print(m, flush=True))
+    except StackRunning as exc:
+        print(f"semserve up: {exc}", file=sys.stderr)
         return 1
     for comp in comps:
         for port in comp.ports:
@@ -241,6 +287,9 @@ def _up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    # A closed terminal (an SSH session that drops): the children are in sessions of their own,
+    # so the hangup reaches only us; stop them as for Ctrl-C.
+    signal.signal(signal.SIGHUP, stop)
     sup = Supervisor(comps, args.log_dir, args.ready_timeout_s, say=lambda m: print(m, flush=True))
     announced = False
     last_status = ""

@@ -14,18 +14,16 @@ import argparse
 import importlib.util
 import os
 import platform
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from semserve import logs
+from semserve import lifeline, logs
 from semserve.logs import get_logger
 
 log = get_logger("semserve.tooling.local_redis")
@@ -92,21 +90,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent_prefix() -> list[str]:
-    """argv prefix that makes the server get SIGTERM when this process dies (Linux, best effort).
-
-    A test run killed with SIGKILL must not leave Redis servers behind. This is done by util-linux
-    `setpriv --pdeathsig`, not by a Python `preexec_fn`: Python code run between fork and exec in a
-    multithreaded process (pytest with asyncio.to_thread workers) crashed the child with SIGSEGV.
-    The death signal follows the *thread* that forked, so it is only set up from the main thread: a
-    worker thread's normal exit would otherwise stop the server.
-    """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return []
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
-
-
 class RedisServer:
     def __init__(
         self,
@@ -151,6 +134,8 @@ class RedisServer:
             "--daemonize", "no",
             "--save", self.save,
             "--appendonly", "yes" if self.appendonly else "no",
+            # At most the last second is lost when the server is killed (fsync once a second).
+            "--appendfsync", "everysec",
             "--loadmodule", str(search_module()),
         ]  # fmt: skip
         if self.acl_file is not None:
@@ -180,7 +165,7 @@ class RedisServer:
         # Everything goes to the logfile; stderr only gets what happens before it is opened.
         with open(self.data_dir / "stderr.log", "wb") as stderr:
             self.process = subprocess.Popen(
-                _die_with_parent_prefix() + self.command(),
+                lifeline.exec_prefix() + self.command(),
                 stdin=subprocess.PIPE if self._password_on_stdin else subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -288,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=6380)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--data-dir", type=Path, default=None, help="default: .semserve/redis-PORT")
-    parser.add_argument("--appendonly", action="store_true", help="persist with an AOF in the data dir")
+    parser.add_argument(
+        "--appendonly", action="store_true",
+        help="persist in an append-only file in the data dir: entries and the vector index "
+        "(FT.CREATE is in the file too) come back after a restart or a kill",
+    )
     args = parser.parse_args(argv)
     logs.configure()
     # The password comes from the env only, never from argv (visible in ps).
