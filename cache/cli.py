@@ -1,13 +1,10 @@
-"""`semserve cache stats|flush|inspect`: look at and clean the cache in Redis directly (JSON out).
+"""`semserve cache ...`: stats|flush|inspect look at and clean the cache in Redis directly (JSON out);
+the offline commands of the tooling area (train, calibrate-judge, tune-embedder, pairs, eval) are
+named here too, so `semserve cache --help` lists them all.
 
-Other modules add subcommands under `semserve cache` with `cache_subparsers(sub)`:
-
-    # semserve/tooling/cache_eval_cli.py, listed in semserve.cli.COMMAND_MODULES
-    def register(sub):
-        p = cache_subparsers(sub).add_parser("eval", help="...")
-        p.set_defaults(func=_eval)
-
-It returns the one `cache` subparsers action whichever module registers first.
+The tooling modules never import this one back: each has `add_arguments(parser)` and `run(args)`,
+and this module builds their subcommands from those. Another module may still add a subcommand with
+`cache_subparsers(sub)`, which returns the one `cache` subparsers action whichever registers first.
 """
 
 from __future__ import annotations
@@ -68,15 +65,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     CacheSettings.add_arguments(inspect, only=STORE_SETTINGS)
     inspect.set_defaults(func=_inspect)
 
-    # The scorer's and embedder's offline commands live in the tooling area; semserve.cli lists this.
-    from semserve.tooling import embedder_tuning, judge_calibration, pair_generation, scorer_training
+    # The offline commands (imported here, not at the top: they load numpy and their data).
+    from semserve.tooling import (
+        cache_eval_cli,
+        embedder_tuning,
+        judge_calibration,
+        pair_generation,
+        scorer_training,
+    )
 
-    scorer_training.register(sub)
-    judge_calibration.register(sub)
-    embedder_tuning.register(sub)
-    pairs = cs.add_parser("pairs", help="rebuild the labelled pairs from the seeds (data/pairs_*.jsonl)")
-    pair_generation.add_arguments(pairs)
-    pairs.set_defaults(func=pair_generation.run)
+    tooling = (
+        ("train", scorer_training,
+         "fit the pair scorer on the train split and calibrate it (writes scorer.json)"),
+        ("calibrate-judge", judge_calibration,
+         "choose the same-answer judge's grey zone and threshold on labelled pairs (needs a predictor)"),
+        ("tune-embedder", embedder_tuning,
+         "fine-tune the embedder's top layers on labelled pairs (writes the delta into cache/data)"),
+        ("pairs", pair_generation, "rebuild the labelled pairs from the seeds (data/pairs_*.jsonl)"),
+        ("eval", cache_eval_cli, "hit rate and wrong-serve rate on labelled prompt pairs"),
+    )  # fmt: skip
+    for name, module, help_text in tooling:
+        parser = cs.add_parser(name, help=help_text)
+        module.add_arguments(parser)
+        parser.set_defaults(func=module.run)
 
 
 async def _with_store(args: argparse.Namespace, op: str) -> Any:

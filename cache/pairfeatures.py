@@ -5,6 +5,9 @@ very same numbers. Every feature is cheap (the per-text analysis of cache.verify
 memoized) and general: counts, overlaps and the rules' verdicts, never a word identity, so the
 model cannot memorize the vocabulary of its training pairs; the embedder's cosine carries the
 meaning.
+
+One place for the features: the verifier (cache.verify.verifier) and the scorer (cache.scorer) both
+import this module, which imports neither, only the pure rules and analysis of cache.verify.
 """
 
 from __future__ import annotations

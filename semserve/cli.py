@@ -21,7 +21,6 @@ COMMAND_MODULES = [
     "bench.cli",
     "cache.cli",
     "cache.embedder_cli",
-    "semserve.tooling.cache_eval_cli",
     "serverless.cli",
     "serverless.tenant",
 ]

@@ -251,7 +251,8 @@ async def evaluate_through_cache(
 ) -> Report:
     """The real path: for each pair, store an answer for `a` under a fresh tenant (so pairs never
     see each other's entries), then look `b` up through SemanticCache.lookup (exact layer, embedding,
-    Redis KNN, verifier). `make_cache()` returns a started cache.semantic_cache.SemanticCache; it is closed here.
+    Redis KNN, verifier). `make_cache()` returns a started cache.semantic_cache.SemanticCache; it is
+    closed here.
     """
     from cache.keys import CacheRequest
 

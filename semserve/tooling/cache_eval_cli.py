@@ -162,17 +162,6 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """`semserve cache eval`, for semserve.cli.COMMAND_MODULES."""
-    from cache.cli import cache_subparsers
-
-    p = cache_subparsers(sub).add_parser(
-        "eval", help="hit rate and wrong-serve rate on labelled prompt pairs"
-    )
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m semserve.tooling.cache_eval_cli", description=__doc__.splitlines()[0]

@@ -301,18 +301,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """`semserve cache tune-embedder`, registered by cache/cli.py."""
-    from cache.cli import cache_subparsers
-
-    p = cache_subparsers(sub).add_parser(
-        "tune-embedder",
-        help="fine-tune the embedder's top layers on labelled pairs (writes the delta into cache/data)",
-    )
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m semserve.tooling.embedder_tuning", description=__doc__.splitlines()[0]

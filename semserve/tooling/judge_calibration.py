@@ -272,18 +272,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """`semserve cache calibrate-judge`, registered by cache.cli."""
-    from cache.cli import cache_subparsers
-
-    p = cache_subparsers(sub).add_parser(
-        "calibrate-judge",
-        help="choose the same-answer judge's grey zone and threshold on labelled pairs (needs a predictor)",
-    )
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m semserve.tooling.judge_calibration", description=__doc__.splitlines()[0]

@@ -213,17 +213,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """`semserve cache train`, for semserve.cli.COMMAND_MODULES."""
-    from cache.cli import cache_subparsers
-
-    p = cache_subparsers(sub).add_parser(
-        "train", help="fit the pair scorer on the train split and calibrate it (writes scorer.json)"
-    )
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m semserve.tooling.scorer_training", description=__doc__.splitlines()[0]

@@ -61,9 +61,9 @@ def test_stats_inspect_flush(redis_server: RedisServer, clean_redis: redis.Redis
 def test_other_modules_can_add_cache_subcommands() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    cache_subparsers(sub).add_parser("eval").set_defaults(func="eval")  # e.g. registered first
+    cache_subparsers(sub).add_parser("extra").set_defaults(func="extra")  # e.g. registered first
     register(sub)
-    assert parser.parse_args(["cache", "eval"]).func == "eval"
+    assert parser.parse_args(["cache", "extra"]).func == "extra"
     assert parser.parse_args(["cache", "stats"]).cache_command == "stats"
 
 
