@@ -113,6 +113,28 @@ def codes_of(exc: BaseException) -> ErrorCodes:
     return SERVER_ERROR
 
 
+# The errors a client of another semserve service (the transformer, calling the predictor) raises
+# for the status or code it was answered with: the table read backwards, for the classes a client
+# passes on as they are; anything else means the upstream is down or broken.
+_CLIENT_SIDE = (BadRequest, NotFound)
+
+
+def error_from_status(status: int, message: str, field: str | None = None) -> ServingError:
+    """The error an upstream's HTTP-like `status` stands for (a 400 -> BadRequest, ...)."""
+    for cls in _CLIENT_SIDE:
+        if codes_of(cls(message)).http_status == status:
+            return cls(message, field)
+    return Unavailable(message, field)
+
+
+def error_from_grpc_code(code_name: str, message: str, field: str | None = None) -> ServingError:
+    """The error an upstream's gRPC status code (by name: "INVALID_ARGUMENT") stands for."""
+    for cls in _CLIENT_SIDE:
+        if codes_of(cls(message)).grpc_code == code_name:
+            return cls(message, field)
+    return Unavailable(message, field)
+
+
 def error_field(exc: BaseException) -> str | None:
     """The request field an error names, when it names one."""
     field = getattr(exc, "field", None)

@@ -15,6 +15,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from semserve.errors import codes_of
+
 # The request id of the request being served, so every line logged while serving it carries it.
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -76,12 +78,9 @@ def get_logger(name: str) -> EventLogger:
 
 # KServe's exception handlers log every exception they answer at error level with a traceback,
 # a 503 while the engine loads (a readiness probe a second) and a client's 404 alike. Those are
-# expected: one line, at info for "not ready (yet)" and at warning for a client's error. Matched by
-# class name, so this module needs no KServe import; anything else keeps KServe's error line.
-_NOT_READY = {"ServerNotReady": 503, "ServerNotLive": 503, "ModelNotReady": 503, "NoModelReady": 503,
-              "Unavailable503": 503}  # fmt: skip
-_CLIENT_ERRORS = {"ModelNotFound": 404, "InvalidInput": 400, "UnsupportedProtocol": 400,
-                  "RequestValidationError": 400}  # fmt: skip
+# expected: one line, at info for "not ready (yet)" and at warning for a client's error. The status
+# is the error table's (semserve/errors.py, which matches KServe's classes by name, so this module
+# needs no KServe import); anything else keeps KServe's error line.
 
 
 class ExpectedErrorsFilter(logging.Filter):
@@ -91,15 +90,13 @@ class ExpectedErrorsFilter(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if exc is None or record.levelno < logging.ERROR:
             return True
-        names = [c.__name__ for c in type(exc).__mro__]
-        status = next((_NOT_READY[n] for n in names if n in _NOT_READY), None)
-        if status is not None:
+        status = codes_of(exc).http_status
+        if status == 503:
             record.levelno, record.levelname, event = logging.INFO, "INFO", "request_not_ready"
-        else:
-            status = next((_CLIENT_ERRORS[n] for n in names if n in _CLIENT_ERRORS), None)
-            if status is None:
-                return True
+        elif 400 <= status < 499:
             record.levelno, record.levelname, event = logging.WARNING, "WARNING", "request_rejected"
+        else:
+            return True
         if not logging.getLogger().isEnabledFor(record.levelno):
             return False
         record.msg, record.args = event, ()

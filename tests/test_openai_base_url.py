@@ -1,8 +1,10 @@
-"""The OpenAI base URL: the route prefix is a setting, a request under a habitual wrong base URL
-(vLLM's `/v1`, a base URL without `/v1`) gets a 404 naming the right one, and CORS is opt-in."""
+"""The OpenAI base URL: the route prefix is a setting; with the default one the routes are also at
+vLLM's `/v1`; a request under a habitual wrong base URL (a base URL without `/v1`, or `/openai/v1`
+where another prefix is configured) gets a 404 naming the right one; CORS is opt-in."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -24,19 +26,46 @@ from tests.support import free_port
 
 def test_wrong_base_url_names_the_right_one(predictor: Predictor) -> None:
     right = f"{predictor.http}/openai/v1"
-    for wrong in (f"{predictor.http}/v1", f"{predictor.http}/openai"):
-        client = openai.OpenAI(base_url=wrong, api_key="unused", max_retries=0)
-        # Before: KServe's v1 model list answered, and the client silently listed no model.
-        with pytest.raises(openai.NotFoundError) as listed:
-            client.models.list()
-        assert right in str(listed.value), listed.value
-        with pytest.raises(openai.NotFoundError) as chat:
-            client.chat.completions.create(
-                model="llm", messages=[{"role": "user", "content": "hi"}], max_tokens=1
-            )
-        assert right in str(chat.value) and "/chat/completions" in str(chat.value)
+    wrong = f"{predictor.http}/openai"  # the base URL without /v1
+    client = openai.OpenAI(base_url=wrong, api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as listed:
+        client.models.list()
+    assert right in str(listed.value), listed.value
+    with pytest.raises(openai.NotFoundError) as chat:
+        client.chat.completions.create(
+            model="llm", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
+    assert right in str(chat.value) and "/chat/completions" in str(chat.value)
     ok = openai.OpenAI(base_url=right, api_key="unused", max_retries=0)
     assert [m.id for m in ok.models.list()] == ["llm"]
+
+
+@pytest.fixture(params=["predictor", "transformer"])
+def service(request: pytest.FixtureRequest) -> str:
+    return request.getfixturevalue(request.param).http
+
+
+def test_v1_is_an_alias_of_openai_v1(service: str) -> None:
+    """vLLM's base URL works too with the default prefix (it answered a 404 before): the same
+    models, chat and completions as under /openai/v1."""
+    alias = openai.OpenAI(base_url=f"{service}/v1", api_key="unused", max_retries=0)
+    main = openai.OpenAI(base_url=f"{service}/openai/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in alias.models.list()] == [m.id for m in main.models.list()] == ["llm"]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = alias.chat.completions.create(model="llm", messages=messages, max_tokens=4, temperature=0)
+    same = main.chat.completions.create(model="llm", messages=messages, max_tokens=4, temperature=0)
+    assert chat.choices[0].message.content == same.choices[0].message.content
+    assert chat.choices[0].message.content
+    text = alias.completions.create(model="llm", prompt="The capital of France is", max_tokens=3,
+                                    temperature=0)  # fmt: skip
+    assert text.choices[0].text
+    streamed = alias.chat.completions.create(model="llm", messages=messages, max_tokens=4,
+                                             temperature=0, stream=True)  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == same.choices[
+        0].message.content  # fmt: skip
+    # KServe's v1 model-ready route keeps its path.
+    ready = httpx.get(f"{service}/v1/models/llm", timeout=30)
+    assert ready.status_code == 200 and ready.json().get("ready") is True, ready.text
 
 
 def test_prefix_and_cors_settings_parse(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,15 +91,13 @@ class _OneModel:
     chat_completions = completions
 
 
-@pytest.fixture
-def vllm_style_server() -> Iterator[str]:
-    """A real HTTP server with the OpenAI routes at prefix "" (as vLLM serves them) and CORS for
-    one origin."""
+@contextlib.contextmanager
+def _routes_server(prefix: str, cors: list[str]) -> Iterator[str]:
+    """A real HTTP server with the OpenAI routes at `prefix` and CORS for `cors`."""
     app = FastAPI()
-    register_openai_routes(app, _OneModel(), prefix="")
+    register_openai_routes(app, _OneModel(), prefix=prefix)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(with_cors(app, ["http://localhost:3000"]), port=port,
-                                           log_level="warning"))  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(with_cors(app, cors), port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -82,6 +109,24 @@ def vllm_style_server() -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.fixture
+def vllm_style_server() -> Iterator[str]:
+    """The OpenAI routes at prefix "" (as vLLM serves them) and CORS for one origin."""
+    with _routes_server("", ["http://localhost:3000"]) as base:
+        yield base
+
+
+def test_configured_prefix_is_the_only_one() -> None:
+    with _routes_server("/llm", []) as base:
+        ok = openai.OpenAI(base_url=f"{base}/llm/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in ok.models.list()] == ["llm"]
+        for wrong in (f"{base}/v1", f"{base}/openai/v1", f"{base}/llm"):
+            client = openai.OpenAI(base_url=wrong, api_key="unused", max_retries=0)
+            with pytest.raises(openai.NotFoundError) as err:
+                client.models.list()
+            assert f"{base}/llm/v1" in str(err.value), (wrong, err.value)
 
 
 def test_empty_prefix_serves_vllm_base_url(vllm_style_server: str) -> None:
