@@ -1,0 +1,184 @@
+"""`semserve up` dies without leaving anything behind and keeps its cache (issue 29), on one stack
+(Redis + transformer, the suite's predictor standing in for its own) started three times on the
+same ports and data directory:
+
+1. an entry cached, Redis SIGKILLed: the supervisor restarts it and the entry is still a hit;
+   then `semserve up` SIGKILLed: every process it started is gone, and up.json reads "stopped";
+2. started again: the entry is a hit (the stack restart kept it); the transformer SIGSTOPped (it
+   cannot act on its parent-death signal), `semserve up` SIGKILLed: the rest is gone;
+3. started again: it says it stops the transformer left over, does, serves, and SIGHUP (the
+   terminal closed) stops it with exit code 0 and nothing left.
+
+Processes are found by PID (psutil, from the supervisor's pid), never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from semserve.supervise import read_status
+from tests.conftest import Predictor
+from tests.support import ROOT, free_port
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux parent-death signals")
+
+CHAT = {
+    "model": "llm",
+    "temperature": 0,
+    "max_tokens": 8,
+    "messages": [{"role": "user", "content": "Name a colour of the rainbow (issue 29)."}],
+}
+
+
+@dataclass
+class Stack:
+    predictor_grpc_port: str
+    dir: Path
+    http: int = 0
+    grpc: int = 0
+    redis: int = 0
+    up: subprocess.Popen[bytes] | None = None
+    runs: int = 0
+
+    def __post_init__(self) -> None:
+        self.http, self.grpc, self.redis = free_port(), free_port(), free_port()
+
+    @property
+    def out(self) -> Path:
+        return self.dir / f"up-{self.runs}.out"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.http}"
+
+    def start(self) -> None:
+        self.runs += 1
+        argv = [
+            sys.executable, "-m", "semserve", "up", "--without", "predictor",
+            "--predictor-grpc-port", self.predictor_grpc_port,
+            "--transformer-http-port", str(self.http), "--transformer-grpc-port", str(self.grpc),
+            "--redis-port", str(self.redis), "--log-dir", str(self.dir / "logs"),
+            "--redis-data-dir", str(self.dir / "redis"), "--ready-timeout-s", "240",
+        ]  # fmt: skip
+        with self.out.open("wb") as out:
+            self.up = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        self.wait("banner", lambda: "semserve is up." in self.out.read_text(), 300)
+
+    def wait(self, what: str, cond: Callable[[], bool], timeout_s: float) -> None:
+        assert self.up is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.up.poll() is None, f"semserve up exited {self.up.returncode}:\n{self.out.read_text()}"
+            if cond():
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{what} not within {timeout_s}s:\n{self.out.read_text()[-3000:]}")
+
+    def component(self, name: str) -> psutil.Process:
+        assert self.up is not None
+        pid = next(s.pid for s in read_status(self.dir / "logs" / "up.json") if s.name == name)
+        assert pid is not None
+        proc = psutil.Process(pid)
+        assert proc.ppid() == self.up.pid
+        return proc
+
+    def processes(self) -> list[psutil.Process]:
+        """Everything `semserve up` runs now, found from its pid."""
+        assert self.up is not None
+        return psutil.Process(self.up.pid).children(recursive=True)
+
+    def ask(self) -> str:
+        r = httpx.post(f"{self.base}/openai/v1/chat/completions", json=CHAT, timeout=120)
+        assert r.status_code == 200, r.text
+        return str(r.headers["x-semserve-cache"])
+
+    def ask_until(self, wanted: str, within_s: float = 30) -> list[str]:
+        """Cache statuses until `wanted` (the transformer probes a Redis that was down ~1/s)."""
+        seen: list[str] = []
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            seen.append(self.ask())
+            if seen[-1] == wanted:
+                break
+            time.sleep(0.5)
+        return seen
+
+    def kill_up(self, sig: int = signal.SIGKILL) -> int:
+        assert self.up is not None
+        self.up.send_signal(sig)
+        return self.up.wait(90)
+
+
+def _gone(procs: list[psutil.Process], timeout_s: float = 20) -> list[psutil.Process]:
+    _dead, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_up_dies_whole_and_keeps_its_cache(predictor: Predictor, tmp_path: Path) -> None:
+    stack = Stack(predictor.grpc.rsplit(":", 1)[1], tmp_path)
+    leftovers: list[psutil.Process] = []
+    try:
+        # 1. A cached entry survives a Redis SIGKILL.
+        stack.start()
+        assert stack.ask() == "miss"
+        assert stack.ask() == "exact"
+        time.sleep(1.5)  # the append-only file is fsynced every second
+        redis_server = [p for p in stack.component("redis").children(recursive=True)]
+        assert redis_server, "no Redis server under the redis component"
+        for p in redis_server:
+            p.kill()
+        stack.wait("redis back", lambda: "redis ready again (restart 1)" in stack.out.read_text(), 60)
+        assert stack.ask_until("exact")[-1] == "exact"
+
+        # ... and SIGKILL of `semserve up` takes every process it started with it.
+        before = stack.processes()
+        assert {"redis", "transformer"} <= {s.name for s in read_status(tmp_path / "logs" / "up.json")}
+        assert stack.kill_up() == -signal.SIGKILL
+        left = _gone(before)
+        assert not left, f"left running after SIGKILL of semserve up: {left}"
+        assert {s.state for s in read_status(tmp_path / "logs" / "up.json")} == {"stopped"}
+
+        # 2. The stack restarted on the same data: the entry is still there.
+        stack.start()
+        assert stack.ask() == "exact"
+        stopped = stack.component("transformer")
+        stopped.suspend()  # SIGSTOP: its parent-death SIGTERM stays pending
+        before = stack.processes()
+        stack.kill_up()
+        leftovers = [stopped]
+        left = _gone([p for p in before if p.pid != stopped.pid])
+        assert not left, f"left running after SIGKILL of semserve up: {left}"
+        assert stopped.is_running()
+
+        # 3. The next run stops the leftover it recorded, and says so.
+        stack.start()
+        text = stack.out.read_text()
+        assert f"transformer (pid {stopped.pid}) running: stopping them" in text, text
+        assert not _gone([stopped], 1)
+        assert stack.ask() == "exact"
+        before = stack.processes()
+        assert stack.kill_up(signal.SIGHUP) == 0
+        assert "==> stopping transformer" in stack.out.read_text()
+        left = _gone(before)
+        assert not left, f"left running after SIGHUP of semserve up: {left}"
+    finally:
+        if stack.up is not None and stack.up.poll() is None:
+            stack.up.send_signal(signal.SIGTERM)
+            stack.up.wait(90)
+        for p in leftovers:
+            if p.is_running():
+                p.kill()
+    # The predictor it was pointed at was never touched.
+    assert httpx.get(f"{predictor.http}/v2/health/ready", timeout=5).status_code == 200
