@@ -4,7 +4,7 @@ webhook and Knative enforce beyond the schemas.
 Three layers, each problem reported as one line naming the object and the field:
 
 1. CRD kinds (InferenceService, ServingRuntime, PodMonitor, ServiceMonitor, PrometheusRule) against
-   the upstream CRD schemas in `shared/schemas`, made strict: every object schema that lists
+   the upstream CRD schemas in `manifests/schemas`, made strict: every object schema that lists
    `properties` (and does not say `x-kubernetes-preserve-unknown-fields`) is closed, so a typo such
    as `minReplica` fails as the API server's strict field validation would, not silently pass.
 2. Core kinds (Service, StatefulSet, NetworkPolicy, ...) with `kubernetes-validate` (strict).
@@ -45,17 +45,23 @@ COMPONENTS = ("predictor", "transformer", "explainer")
 
 
 def schemas_dir(root: Path = ROOT) -> Path | None:
-    """`shared/schemas` inside the checkout (CI) or beside it (../shared/schemas), or
-    $SEMSERVE_SCHEMAS_DIR; None when none exists."""
-    candidates = [
-        os.environ.get("SEMSERVE_SCHEMAS_DIR"),
-        root / "shared" / "schemas",
-        root.parent / "shared" / "schemas",
-    ]
+    """$SEMSERVE_SCHEMAS_DIR, else the copies in the repository (`manifests/schemas`, with their
+    sources and licence in its README); None when neither exists."""
+    candidates = [os.environ.get("SEMSERVE_SCHEMAS_DIR"), root / "manifests" / "schemas"]
     for c in candidates:
         if c and Path(c).is_dir():
             return Path(c)
     return None
+
+
+def schemas_missing(root: Path = ROOT) -> str:
+    """What to say when schemas_dir() finds nothing."""
+    env = os.environ.get("SEMSERVE_SCHEMAS_DIR")
+    where = f"$SEMSERVE_SCHEMAS_DIR={env}" if env else str(root / "manifests" / "schemas")
+    return (
+        f"CRD schemas not found at {where}: the manifests and the fake API server are validated "
+        "against them (the repository carries them in manifests/schemas/, see its README)"
+    )
 
 
 def strict(schema: Any) -> Any:
@@ -169,7 +175,7 @@ def validate_objects(
             if schemas is not None and key in schemas:
                 errors.extend(_schema_errors(doc, schemas[key]))
             elif schemas is not None:
-                errors.append(f"{_object_ref(doc)}: apiVersion {key[0]!r}: no CRD schema in shared/schemas")
+                errors.append(f"{_object_ref(doc)}: apiVersion {key[0]!r}: no CRD schema for it")
         else:
             errors.extend(_core_errors(doc, k8s_version))
         errors.extend(webhook_rules(doc, cluster_config))
