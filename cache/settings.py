@@ -101,7 +101,16 @@ class CacheSettings(Settings):
         "look-alikes served on the calibration pairs is at most this (0.01 = 1 percent). Lower: fewer wrong "
         "answers and fewer hits. See `semserve cache eval` and README 'Choosing the error budget'.",
     )
-    # The same-answer judge (transformer --cache-judge predictor): without one these do nothing.
+    # The same-answer judge, all its settings here (--cache-judge*): the transformer builds the judge
+    # from `judge`, the cache's judge step (cache/judge_step.py) reads the others.
+    judge: str = setting(
+        "off",
+        "Same-answer judge for grey-zone semantic candidates the scorer rejects: off, or predictor "
+        "(ask the predictor's own model; one short prefill per such lookup, see --cache-judge-*). "
+        "For deployments with a larger model on GPU, calibrated on it with `semserve cache "
+        "calibrate-judge`.",
+        choices=("off", "predictor"),
+    )
     judge_min_score: float = setting(
         0.5,
         "Only with a judge: a candidate the scorer rejected by score at or above this probability is "

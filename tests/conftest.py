@@ -128,7 +128,6 @@ def start_transformer(
             "--grpc-port", str(grpc_port),
             # Only the predictor's gRPC port, as in Knative mode: every miss goes over it.
             "--predictor-host", predictor_grpc,
-            "--predictor-connect-timeout-s", "1",
             "--cache-redis-url", redis_url,
             # Each transformer of the suite gets its own index, so tests never see each other.
             "--cache-deployment", name,

@@ -64,7 +64,6 @@ def replica_process(name: str, predictor: Predictor, redis_url: str, *extra: str
             "--http-port", str(http_port),
             "--grpc-port", str(grpc_port),
             "--predictor-host", predictor.grpc,
-            "--predictor-connect-timeout-s", "1",
             "--cache-redis-url", redis_url,
             "--cache-deployment", DEPLOYMENT,
             "--cache-singleflight-wait-s", str(WAIT_S),

@@ -28,9 +28,6 @@ class TransformerSettings(ServerSettings):
         choices=("grpc-v2",),
     )
     predictor_timeout_s: float = setting(120.0, "Longest a miss may wait for the predictor.")
-    predictor_connect_timeout_s: float = setting(
-        2.0, "Longest to wait for a connection to the predictor before answering 503."
-    )
     tenant: str = setting("default", "Tenant of every request when auth is off.")
     api_keys_file: Path | None = setting(
         None,
@@ -45,14 +42,6 @@ class TransformerSettings(ServerSettings):
         "Which requests use the cache by default: deterministic (temperature 0), all, or off. "
         "Clients opt out per request with Cache-Control: no-cache / no-store.",
         choices=("deterministic", "all", "off"),
-    )
-    cache_judge: str = setting(
-        "off",
-        "Same-answer judge for grey-zone semantic candidates the scorer rejects: off, or predictor "
-        "(ask the predictor's own model; one short prefill per such lookup, see --cache-judge-*). "
-        "For deployments with a larger model on GPU, calibrated on it with `semserve cache "
-        "calibrate-judge`.",
-        choices=("off", "predictor"),
     )
     model_revision: str = setting(
         "",

@@ -67,12 +67,12 @@ def assemble(
     auth = Authenticator.from_files(settings.api_keys_file, settings.admin_keys_file, settings.tenant)
     log.info("auth", enabled=auth.enabled)
     predictor = PredictorClient(settings)
-    judge = PredictorJudge(predictor) if settings.cache_judge == "predictor" else None
+    judge = PredictorJudge(predictor) if cache_settings.judge == "predictor" else None
     cache = build_cache(cache_settings, embed_settings, verify_settings, judge)
     if cache is not None:
         metrics.register_policy(settings.model_name, cache)
     if judge is not None and cache is not None:
-        log.info("cache_judge", judge=settings.cache_judge,
+        log.info("cache_judge", judge=cache_settings.judge,
                  min_score=cache_settings.judge_min_score, threshold=cache_settings.judge_threshold)
     pipeline = AnswerPipeline(settings, cache, predictor)
     model = SemanticCacheTransformer(settings, pipeline)
