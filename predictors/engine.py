@@ -1,4 +1,10 @@
-"""vLLM's AsyncLLM behind one small interface every protocol uses: validate, then stream or collect.
+"""vLLM's AsyncLLM behind one small interface every protocol uses: prepare a prompt, then generate.
+
+`generate` is the one generation path: it yields the answer's Pieces (semserve.answer) as the engine
+makes them, with the metrics, the span and the `generation_finished` log line. A whole answer is
+that stream consumed (`answer`, `answers`). The protocol adapters (predictors/model.py for v2,
+predictors/openai_backend.py for OpenAI) only parse, call these and format; the judge
+(predictors/judge.py) uses `first_token_logprobs`, which knows nothing of judging.
 
 All protocols share this one engine, so requests from v2 REST, v2 gRPC and OpenAI join the same
 continuous batch; nothing here serializes them.
@@ -12,16 +18,15 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from predictors import metrics, warm_start
 from predictors.config import PredictorSettings
-from predictors.judge import AnswerTokens, judge_messages, same_answer_probability
 from semserve import tracing
+from semserve.answer import Answer, Piece, answer_of
 from semserve.errors import BadRequest, Unavailable
-from semserve.judge_protocol import CACHED_INPUT, QUERY_INPUT
 from semserve.logs import get_logger
 from semserve.openai_protocol import ChatPrompt
 from semserve.sampling import SamplingOptions
@@ -44,20 +49,13 @@ class Prepared:
     options: SamplingOptions
 
 
-@dataclass
-class Delta:
-    text: str
-    completion_tokens: int
-    finish_reason: str | None
-    prompt_tokens: int
-
-
 @dataclass(frozen=True)
-class Generated:
-    text: str
-    finish_reason: str
-    completion_tokens: int
+class FirstToken:
+    """The top log probabilities of a prompt's first generated token (token id -> logprob)."""
+
+    logprobs: dict[int, float]
     prompt_tokens: int
+    engine_request_id: str
 
 
 def _on_gpu() -> bool:
@@ -77,7 +75,6 @@ class Engine:
         self.tokenizer: Any = None
         self.started_at: float | None = None
         self.max_model_len = settings.max_model_len
-        self.answer_tokens = AnswerTokens(frozenset(), frozenset())
 
     @property
     def ready(self) -> bool:
@@ -115,7 +112,6 @@ class Engine:
         t = time.monotonic()
         self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model_dir))
         phases["tokenizer_s"] = time.monotonic() - t
-        self.answer_tokens = AnswerTokens.of(self.tokenizer)
         t = time.monotonic()
         # Weights, compilation (or its cache), KV cache and warm-up: vLLM's own log lines split it.
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
@@ -156,14 +152,17 @@ class Engine:
 
     def render_chat(self, chat: ChatPrompt) -> str:
         """The prompt text of a chat: its messages through the model's chat template."""
+        return self.render_messages(chat.plain_messages(), **(chat.chat_template_kwargs or {}))
+
+    def render_messages(self, messages: list[dict[str, str]], **template_kwargs: Any) -> str:
+        """Chat messages, in the form chat templates take, through the model's chat template."""
         if not self.ready:
             # Without this a chat request during engine load met a tokenizer of None and was
             # answered 400 "does not fit the chat template" instead of the 503 it is.
             raise Unavailable("the engine is not ready yet")
         try:
             return self.tokenizer.apply_chat_template(
-                chat.plain_messages(), tokenize=False, add_generation_prompt=True,
-                **(chat.chat_template_kwargs or {}),
+                messages, tokenize=False, add_generation_prompt=True, **template_kwargs
             )
         except Exception as exc:  # templates raise on roles or orders they don't accept
             raise BadRequest(f"messages do not fit the model's chat template: {exc}", "messages") from None
@@ -171,7 +170,7 @@ class Engine:
     async def prepare(self, prompt: str, options: SamplingOptions, field: str = "prompt") -> Prepared:
         if not self.ready:
             raise Unavailable("the engine is not ready yet")
-        ids = await self._tokens(prompt)
+        ids = await self.tokens(prompt)
         n = len(ids)
         if n == 0:
             raise BadRequest(f"{field} is empty after tokenization", field)
@@ -187,7 +186,8 @@ class Engine:
             )
         return Prepared(ids, options)
 
-    async def _tokens(self, prompt: str) -> list[int]:
+    async def tokens(self, prompt: str) -> list[int]:
+        """The prompt's token ids (no special tokens added: chat templates carry their own)."""
         if len(prompt) > _THREAD_TOKENIZE_CHARS:
             return await asyncio.to_thread(self._encode, prompt)
         return self._encode(prompt)
@@ -196,51 +196,30 @@ class Engine:
         # Chat templates already carry the special tokens; plain prompts get none added, as vLLM does.
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
-    async def judge(self, query: str, cached: str, request_id: str = "") -> float:
-        """P(one answer fits both questions), from the first token's top logprobs of the judge chat
-        (predictors/judge.py): one prefill and one token, in the same batch as every generation."""
+    async def first_token_logprobs(self, token_ids: list[int], request_id: str, top: int) -> FirstToken:
+        """The `top` most likely first tokens after a prompt, with their logprobs: one prefill and
+        one greedy token, in the same batch as every generation (the judge's one call)."""
         if not self.ready:
             raise Unavailable("the engine is not ready yet")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        started = time.monotonic()
-        prompt = self.tokenizer.apply_chat_template(
-            judge_messages(query, cached), tokenize=False, add_generation_prompt=True
-        )
-        ids = await self._tokens(prompt)
-        if len(ids) + 1 > self.max_model_len:
-            longer = QUERY_INPUT if len(query) >= len(cached) else CACHED_INPUT
-            raise BadRequest(
-                f"the judge prompt of {QUERY_INPUT} and {CACHED_INPUT} has "
-                f"{len(ids)} tokens; the model's context is {self.max_model_len} tokens",
-                longer,
-            )
         params = SamplingParams(
-            max_tokens=1, temperature=0.0, logprobs=20, output_kind=RequestOutputKind.FINAL_ONLY
+            max_tokens=1, temperature=0.0, logprobs=top, output_kind=RequestOutputKind.FINAL_ONLY
         )
-        engine_id = f"{request_id or 'judge'}-{uuid.uuid4().hex[:12]}"
+        engine_id = f"{request_id or 'logprobs'}-{uuid.uuid4().hex[:12]}"
         final = None
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, engine_id):
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=token_ids), params, engine_id):
                 final = out
         except Exception:
             if self.llm is None or self.llm.errored:
                 raise Unavailable("the engine died; the predictor is restarting") from None
             raise
         positions = final.outputs[0].logprobs if final is not None else None
-        top = {token: lp.logprob for token, lp in positions[0].items()} if positions else {}
-        probability = same_answer_probability(top, self.answer_tokens)
-        log.info(
-            "judge_finished",
-            request_id=request_id,
-            engine_request_id=engine_id,
-            prompt_tokens=len(ids),
-            probability=round(probability, 4),
-            seconds=round(time.monotonic() - started, 4),
-        )
-        return probability
+        logprobs = {token: lp.logprob for token, lp in positions[0].items()} if positions else {}
+        return FirstToken(logprobs, len(token_ids), engine_id)
 
     def _params(self, options: SamplingOptions) -> Any:
         from vllm import SamplingParams
@@ -258,10 +237,11 @@ class Engine:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    async def stream(
+    async def generate(
         self, prepared: Prepared, request_id: str, protocol: str, operation: str = "text_completion"
-    ) -> AsyncIterator[Delta]:
-        """Yield text pieces as the engine makes them; cancelling the consumer aborts the request."""
+    ) -> AsyncIterator[Piece]:
+        """The one generation path: yield the answer's pieces as the engine makes them (the last
+        carries the finish reason); cancelling the consumer aborts the request."""
         if not self.ready:
             raise Unavailable("the engine is not ready")
         from vllm.inputs import TokensPrompt
@@ -325,7 +305,7 @@ class Engine:
                 finish_reason = finish or finish_reason
                 if piece.text or finish:
                     digest.update(piece.text.encode())
-                    yield Delta(piece.text, tokens, finish, prompt_tokens)
+                    yield Piece(piece.text, finish, tokens, prompt_tokens)
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
             # AsyncLLM.generate aborts the engine request on cancellation; we count it.
@@ -360,27 +340,24 @@ class Engine:
             if span.is_recording():
                 _end_generation_span(span, timing, tokens, finish_reason, outcome)
 
-    async def generate(
+    async def answer(
         self, prepared: Prepared, request_id: str, protocol: str, operation: str = "text_completion"
-    ) -> Generated:
-        pieces: list[str] = []
-        final: Delta | None = None
-        async for delta in self.stream(prepared, request_id, protocol, operation):
-            pieces.append(delta.text)
-            final = delta
-        if final is None:
+    ) -> Answer:
+        """A whole answer: `generate`'s pieces, consumed."""
+        pieces = [p async for p in self.generate(prepared, request_id, protocol, operation)]
+        if not pieces:
             raise Unavailable("the engine returned no output")
-        return Generated(
-            "".join(pieces), final.finish_reason or "stop", final.completion_tokens, final.prompt_tokens
-        )
+        answer = answer_of(pieces)
+        # A generation that ended without a finish reason ended as if on a stop (as it always has).
+        return answer if answer.finish_reason else replace(answer, finish_reason="stop")
 
-    async def generate_many(
+    async def answers(
         self, prepared: list[Prepared], request_id: str, protocol: str, operation: str = "text_completion"
-    ) -> list[Generated]:
+    ) -> list[Answer]:
         # A TaskGroup cancels (and so aborts) the siblings if one generation fails.
         try:
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self.generate(p, f"{request_id}-{i}", protocol, operation))
+                tasks = [tg.create_task(self.answer(p, f"{request_id}-{i}", protocol, operation))
                          for i, p in enumerate(prepared)]
         except ExceptionGroup as group:
             # The first failure as itself: callers map BadRequest/Unavailable to 400/503, and an

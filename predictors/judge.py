@@ -4,11 +4,16 @@ Given a new prompt (`query`) and a cached one (`cached`), it asks the model, in 
 and one token, whether one answer fits both, and answers P(same) = P(yes) / (P(yes) + P(no)) read
 from the first token's top logprobs. The transformer uses it for cache candidates in the scorer's
 grey zone (semserve/judge_protocol.py holds the names both sides use).
+
+An adapter like the others: it parses the v2 request, asks the engine for the first token's top
+logprobs of the judge's chat (Engine.first_token_logprobs, which knows nothing of judging) and
+formats the probability. The engine does not import this module.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,16 +26,21 @@ from semserve.errors import BadRequest, Unavailable
 from semserve.errors import BadRequest as InvalidInput400
 from semserve.errors import Unavailable as Unavailable503
 from semserve.judge_protocol import CACHED_INPUT, PROBABILITY_OUTPUT, QUERY_INPUT, judge_model_name
+from semserve.logs import get_logger
 from semserve.v2.text_model import V2Model, request_id
 
-if TYPE_CHECKING:  # the engine imports this module's prompt; the model only needs its type
+if TYPE_CHECKING:  # only its type: the server hands the judge its engine
     from predictors.engine import Engine
+
+log = get_logger("semserve.predictor.engine")  # the judge_finished line, beside generation_finished
 
 SYSTEM_LINE = "You compare two questions and answer only Yes or No."
 QUESTION = (
     "Question 1: {query}\nQuestion 2: {cached}\n"
     "Do these two questions ask for the same thing, so that one answer fits both? Answer Yes or No."
 )
+# Top logprobs read at the first position: enough that Yes and No are among them when likely.
+TOP_LOGPROBS = 20
 # Spellings of the answer the model may start with; only those that are one token count.
 YES_WORDS = ("Yes", " Yes", "yes", " yes")
 NO_WORDS = ("No", " No", "no", " no")
@@ -115,6 +125,7 @@ class SameAnswerJudge(V2Model):
     def __init__(self, model_name: str, engine: Engine) -> None:
         super().__init__(judge_model_name(model_name))
         self.llm = engine
+        self._answer_tokens: AnswerTokens | None = None  # read off the tokenizer once it is loaded
 
     def load(self) -> bool:
         # Registered at once; healthy (and so ready) only once the shared engine is up.
@@ -136,7 +147,7 @@ class SameAnswerJudge(V2Model):
         rid = request_id(payload, headers)
         try:
             request = parse_request(payload)
-            probability = await self.llm.judge(request.query, request.cached, rid)
+            probability = await self.same_answer(request.query, request.cached, rid)
         except BadRequest as exc:
             raise InvalidInput400(exc.message, exc.field) from None
         except Unavailable as exc:
@@ -148,3 +159,30 @@ class SameAnswerJudge(V2Model):
             model_name=self.name,
             infer_outputs=[InferOutput(PROBABILITY_OUTPUT, [1], "FP32", [value])],
         )
+
+    async def same_answer(self, query: str, cached: str, rid: str = "") -> float:
+        """P(one answer fits both questions), from the first token's top logprobs of the judge chat:
+        one prefill and one token, in the same batch as every generation."""
+        started = time.monotonic()
+        prompt = self.llm.render_messages(judge_messages(query, cached))
+        ids = await self.llm.tokens(prompt)
+        if len(ids) + 1 > self.llm.max_model_len:
+            longer = QUERY_INPUT if len(query) >= len(cached) else CACHED_INPUT
+            raise BadRequest(
+                f"the judge prompt of {QUERY_INPUT} and {CACHED_INPUT} has "
+                f"{len(ids)} tokens; the model's context is {self.llm.max_model_len} tokens",
+                longer,
+            )
+        first = await self.llm.first_token_logprobs(ids, rid or "judge", TOP_LOGPROBS)
+        if self._answer_tokens is None:
+            self._answer_tokens = AnswerTokens.of(self.llm.tokenizer)
+        probability = same_answer_probability(first.logprobs, self._answer_tokens)
+        log.info(
+            "judge_finished",
+            request_id=rid,
+            engine_request_id=first.engine_request_id,
+            prompt_tokens=first.prompt_tokens,
+            probability=round(probability, 4),
+            seconds=round(time.monotonic() - started, 4),
+        )
+        return probability

@@ -1,4 +1,9 @@
-"""The predictor as KServe sees it: a kserve.Model whose predict runs prompts through vLLM."""
+"""The predictor as KServe sees it: a kserve.Model whose predict runs prompts through vLLM.
+
+The v2 adapter (REST infer, gRPC ModelInfer and ModelStreamInfer, generate and generate_stream):
+it parses the text tensor contract, calls the engine's one generation path (predictors/engine.py)
+and formats the answers or pieces as v2 responses.
+"""
 
 from __future__ import annotations
 
@@ -58,15 +63,9 @@ class VLLMPredictor(TextModel):
         prepared: list[Prepared],
     ) -> InferResponse:
         rid = request_id(payload, headers)
-        results = await self.llm.generate_many(prepared, rid, _protocol(payload), _operation(request))
+        answers = await self.llm.answers(prepared, rid, _protocol(payload), _operation(request))
         return v2.build_response(
-            self.name,
-            rid,
-            [
-                Answer(r.text, r.finish_reason, r.completion_tokens, r.prompt_tokens)
-                for r in results
-            ],
-            parameters=self._parameters(sum(r.prompt_tokens for r in results)),
+            self.name, rid, answers, parameters=self._parameters(sum(a.prompt_tokens for a in answers))
         )
 
     async def infer_stream(
@@ -83,15 +82,16 @@ class VLLMPredictor(TextModel):
         params = self._parameters(sum(len(p.token_ids) for p in prepared))
         unfinished = size
         streams = [
-            self.llm.stream(p, f"{rid}-{i}" if size > 1 else rid, _protocol(payload),
-                            _operation(request))
+            self.llm.generate(p, f"{rid}-{i}" if size > 1 else rid, _protocol(payload),
+                              _operation(request))
             for i, p in enumerate(prepared)
         ]
-        async for index, delta in merge_streams(streams):
-            if delta.finish_reason:
+        async for index, piece in merge_streams(streams):
+            if piece.finish_reason:
                 unfinished -= 1
-            piece = Answer(delta.text, delta.finish_reason or "", delta.completion_tokens)
-            response = v2.piece_response(self.name, rid, size, index, piece, params)
+            # A v2 piece response carries the new text and the counts so far in the answer columns.
+            step = Answer(piece.text, piece.finish_reason or "", piece.completion_tokens)
+            response = v2.piece_response(self.name, rid, size, index, step, params)
             yield v2.StreamPart(response, final=unfinished == 0)
 
     async def _prepare(self, payload: InferRequest) -> tuple[v2.TextRequest, list[Prepared]]:

@@ -1,4 +1,8 @@
-"""OpenAI completions and chat over the shared engine (the routes themselves live in semserve/)."""
+"""OpenAI completions and chat over the shared engine (the routes themselves live in semserve/).
+
+An adapter: it checks the request, calls the engine's one generation path (predictors/engine.py)
+and formats answers or pieces as OpenAI objects and chunks.
+"""
 
 from __future__ import annotations
 
@@ -47,15 +51,15 @@ class PredictorOpenAI:
         self._label(ctx)
         if req.stream:
             return self._stream_completion(prepared, rid, created, ctx, req.include_usage)
-        results = await self.engine.generate_many(prepared, ctx.request_id, PROTOCOL)
+        answers = await self.engine.answers(prepared, ctx.request_id, PROTOCOL)
         return oa.completion(
             rid,
             self.name,
             created,
-            [r.text for r in results],
-            [r.finish_reason for r in results],
-            sum(r.prompt_tokens for r in results),
-            sum(r.completion_tokens for r in results),
+            [a.text for a in answers],
+            [a.finish_reason for a in answers],
+            sum(a.prompt_tokens for a in answers),
+            sum(a.completion_tokens for a in answers),
         )
 
     async def _stream_completion(
@@ -67,11 +71,11 @@ class PredictorOpenAI:
         include_usage: bool,
     ) -> AsyncIterator[oa.Completion]:
         totals = {"prompt": sum(len(p.token_ids) for p in prepared), "completion": [0] * len(prepared)}
-        async for index, delta in merge_streams(
-            [self.engine.stream(p, f"{ctx.request_id}-{i}", PROTOCOL) for i, p in enumerate(prepared)]
+        async for index, piece in merge_streams(
+            [self.engine.generate(p, f"{ctx.request_id}-{i}", PROTOCOL) for i, p in enumerate(prepared)]
         ):
-            totals["completion"][index] = delta.completion_tokens
-            yield oa.completion_chunk(rid, self.name, created, index, delta.text, delta.finish_reason)
+            totals["completion"][index] = piece.completion_tokens
+            yield oa.completion_chunk(rid, self.name, created, index, piece.text, piece.finish_reason)
         if include_usage:
             yield oa.completion_usage_chunk(
                 rid, self.name, created, totals["prompt"], sum(totals["completion"])
@@ -88,15 +92,15 @@ class PredictorOpenAI:
         self._label(ctx)
         if req.stream:
             return self._stream_chat(prepared, rid, created, ctx, req.include_usage)
-        result = await self.engine.generate(prepared, ctx.request_id, PROTOCOL, "chat")
+        answer = await self.engine.answer(prepared, ctx.request_id, PROTOCOL, "chat")
         return oa.chat_completion(
             rid,
             self.name,
             created,
-            result.text,
-            result.finish_reason,
-            result.prompt_tokens,
-            result.completion_tokens,
+            answer.text,
+            answer.finish_reason,
+            answer.prompt_tokens,
+            answer.completion_tokens,
         )
 
     async def _stream_chat(
@@ -105,12 +109,12 @@ class PredictorOpenAI:
         # OpenAI sends the role first, in a chunk of its own with empty content.
         yield oa.chat_chunk(rid, self.name, created, "", role=True)
         completion_tokens = 0
-        async for delta in self.engine.stream(prepared, ctx.request_id, PROTOCOL, "chat"):
-            completion_tokens = delta.completion_tokens
-            if delta.text:
-                yield oa.chat_chunk(rid, self.name, created, delta.text)
-            if delta.finish_reason:
-                yield oa.chat_chunk(rid, self.name, created, None, finish_reason=delta.finish_reason)
+        async for piece in self.engine.generate(prepared, ctx.request_id, PROTOCOL, "chat"):
+            completion_tokens = piece.completion_tokens
+            if piece.text:
+                yield oa.chat_chunk(rid, self.name, created, piece.text)
+            if piece.finish_reason:
+                yield oa.chat_chunk(rid, self.name, created, None, finish_reason=piece.finish_reason)
         if include_usage:
             yield oa.chat_usage_chunk(
                 rid, self.name, created, len(prepared.token_ids), completion_tokens

@@ -25,7 +25,7 @@ async def _warm(settings: PredictorSettings) -> None:
     await engine.start()
     try:
         prepared = await engine.prepare("Hello", SamplingOptions(max_tokens=1, temperature=0))
-        await engine.generate(prepared, "warm-up", "warm-up")
+        await engine.answer(prepared, "warm-up", "warm-up")
     finally:
         engine.shutdown()
 
