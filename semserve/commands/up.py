@@ -222,7 +222,7 @@ def _persistence_line(args: argparse.Namespace) -> str:
     if args.redis_persistence == "none" or "redis" in args.without:
         return ""
     return (
-        f"\nThe cache persists in {args.redis_data_dir}/ (what was stored a second ago survives a "
+        f"\nThe cache persists in {args.redis_data_dir}/ (entries stored more than a second before survive a "
         "restart; --redis-persistence none keeps it in memory only)."
     )
 
