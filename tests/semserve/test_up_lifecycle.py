@@ -182,3 +182,50 @@ def test_up_dies_whole_and_keeps_its_cache(predictor: Predictor, tmp_path: Path)
                 p.kill()
     # The predictor it was pointed at was never touched.
     assert httpx.get(f"{predictor.http}/v2/health/ready", timeout=5).status_code == 200
+
+
+def test_a_killed_predictor_takes_its_engine_along(tmp_path: Path) -> None:
+    """`semserve up` with its own predictor (the only component). The supervisor is frozen
+    (SIGSTOP) while the predictor is SIGKILLed, so the engine must end by itself (lifeline's
+    watch in vLLM's EngineCore and Workers), not by the supervisor's clean-up; resumed, the
+    supervisor restarts the predictor, and no process of the first engine is left. Finally a
+    SIGKILL of `semserve up` takes the new predictor and its engine along."""
+    http, grpc = free_port(), free_port()
+    stack = Stack(str(grpc), tmp_path, runs=1)
+    argv = [
+        sys.executable, "-m", "semserve", "up", "--without", "redis", "--without", "transformer",
+        "--predictor-http-port", str(http), "--predictor-grpc-port", str(grpc),
+        "--log-dir", str(tmp_path / "logs"), "--ready-timeout-s", "600",
+    ]  # fmt: skip
+    with stack.out.open("wb") as f:
+        up = stack.up = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    try:
+        stack.wait("predictor ready", lambda: "semserve is up." in stack.out.read_text(), 660)
+        predictor = stack.component("predictor")
+        first = predictor.children(recursive=True)
+        names = {p.name() for p in first}
+        assert any(n.startswith("VLLM::EngineCore") for n in names), names
+
+        up.send_signal(signal.SIGSTOP)
+        try:
+            predictor.kill()
+            left = _gone(first, 20)
+            assert not left, f"engine processes outlived their predictor: {left}"
+        finally:
+            up.send_signal(signal.SIGCONT)
+        stack.wait("predictor restarted",
+                   lambda: "predictor ready again (restart 1)" in stack.out.read_text(), 600)  # fmt: skip
+        second = stack.component("predictor")
+        assert second.pid != predictor.pid
+        assert any(p.name().startswith("VLLM::EngineCore") for p in second.children(recursive=True))
+
+        everything = stack.processes()
+        assert stack.kill_up() == -signal.SIGKILL
+        left = _gone(everything, 90)
+        assert not left, f"left running after SIGKILL of semserve up: {left}"
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGCONT)
+            up.send_signal(signal.SIGTERM)
+            up.wait(120)
