@@ -24,7 +24,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = PredictorSettings.from_namespace(args)
+    try:
+        settings = PredictorSettings.from_namespace(args)
+    except ValueError as exc:
+        raise SystemExit(f"semserve predictor: {exc}") from None
+    if settings.sleep_enabled:
+        # Before anything loads: a setting this machine's vLLM cannot honour fails in seconds,
+        # saying why, instead of after a minute of engine start.
+        from predictors.sleep import platform_refusal
+
+        problem = platform_refusal(settings.sleep_after_idle_s)
+        if problem:
+            raise SystemExit(f"semserve predictor: {problem}")
     trace_settings = TracingSettings.from_namespace(args, flag_prefix=TRACE_PREFIX)
     # vLLM's engine processes (EngineCore, Workers) die with this process, even on SIGKILL.
     lifeline.guard_children()

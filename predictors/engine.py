@@ -18,12 +18,14 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from predictors import metrics, warm_start
 from predictors.config import PredictorSettings
+from predictors.sleep import SleepControl
 from semserve import tracing
 from semserve.answer import Answer, Piece, answer_of
 from semserve.errors import BadRequest, Unavailable
@@ -75,6 +77,12 @@ class Engine:
         self.tokenizer: Any = None
         self.started_at: float | None = None
         self.max_model_len = settings.max_model_len
+        # The sleep tier (GPU only; predictors/sleep.py): set once the engine runs, if configured.
+        self.sleep: SleepControl | None = None
+        self.on_gpu: bool | None = None  # known once the engine starts
+        self._sleep_timer: asyncio.Task[None] | None = None
+        metrics.SLEEP_STATE.labels(settings.model_name).set(0)
+        metrics.WAKE_SECONDS.labels(settings.model_name)  # the series exists (empty) from the start
 
     @property
     def ready(self) -> bool:
@@ -95,7 +103,7 @@ class Engine:
 
         phases["import_s"] = time.monotonic() - started
 
-        gpu = _on_gpu()
+        gpu = self.on_gpu = _on_gpu()
         util = self.settings.gpu_memory_utilization or (0.90 if gpu else 0.25)
         args = AsyncEngineArgs(
             model=str(self.model_dir),
@@ -107,6 +115,9 @@ class Engine:
             tensor_parallel_size=self.settings.tensor_parallel_size,
             enforce_eager=self.settings.enforce_eager,
             disable_log_stats=not self.settings.log_stats,
+            # vLLM's CuMem allocator, needed to move weights out and back; GPU builds only (the
+            # predictor refuses the setting on CPU before it gets here: predictors/cli.py).
+            enable_sleep_mode=self.settings.sleep_enabled,
         )
         log.info("engine_starting", model=str(self.model_dir), gpu=gpu, memory_utilization=util)
         t = time.monotonic()
@@ -118,6 +129,8 @@ class Engine:
         phases["engine_s"] = time.monotonic() - t
         self.max_model_len = self.llm.vllm_config.model_config.max_model_len
         self.started_at = time.time()
+        if self.settings.sleep_enabled:
+            self._start_sleep_tier()
         log.info(
             "engine_ready",
             seconds=round(time.monotonic() - started, 1),
@@ -126,7 +139,24 @@ class Engine:
             **{k: round(v, 2) for k, v in phases.items()},
         )
 
+    def _start_sleep_tier(self) -> None:
+        name = self.settings.model_name
+        self.sleep = SleepControl(
+            self.llm,
+            self.settings.sleep_after_idle_s,
+            self.settings.sleep_level,
+            on_state=lambda asleep: metrics.SLEEP_STATE.labels(name).set(1 if asleep else 0),
+            on_wake=metrics.WAKE_SECONDS.labels(name).observe,
+        )
+        self._sleep_timer = asyncio.get_running_loop().create_task(self.sleep.run())
+
+    def _awake(self) -> AbstractAsyncContextManager[None]:
+        """Around every engine call: wakes a sleeping engine first (no-op without the sleep tier)."""
+        return self.sleep.in_use() if self.sleep is not None else nullcontext()
+
     def shutdown(self) -> None:
+        if self._sleep_timer is not None:
+            self._sleep_timer.cancel()
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
@@ -211,8 +241,10 @@ class Engine:
         engine_id = f"{request_id or 'logprobs'}-{uuid.uuid4().hex[:12]}"
         final = None
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=token_ids), params, engine_id):
-                final = out
+            async with self._awake():
+                prompt = TokensPrompt(prompt_token_ids=token_ids)
+                async for out in self.llm.generate(prompt, params, engine_id):
+                    final = out
         except Exception:
             if self.llm is None or self.llm.errored:
                 raise Unavailable("the engine died; the predictor is restarting") from None
@@ -280,32 +312,33 @@ class Engine:
         # without putting the answer itself in the log.
         digest = hashlib.sha256()
         try:
-            generator = self.llm.generate(
-                TokensPrompt(prompt_token_ids=prepared.token_ids),
-                self._params(prepared.options),
-                engine_id,
-            )
-            async for out in generator:
-                piece = out.outputs[0]
-                new_tokens = len(piece.token_ids)
-                now = time.monotonic()
-                timing.stats = out.metrics
-                if new_tokens:
-                    if tokens == 0:
-                        metrics.TTFT.labels(*labels).observe(now - started)
-                        if timing.started_ns:
-                            timing.first_token_ns = tracing.now_ns()
-                        if new_tokens > 1:
-                            metrics.ITL.labels(*labels).observe((now - started) / new_tokens)
-                    else:
-                        metrics.ITL.labels(*labels).observe((now - last) / new_tokens)
-                    last = now
-                tokens += new_tokens
-                finish = piece.finish_reason if out.finished else None
-                finish_reason = finish or finish_reason
-                if piece.text or finish:
-                    digest.update(piece.text.encode())
-                    yield Piece(piece.text, finish, tokens, prompt_tokens)
+            async with self._awake():
+                generator = self.llm.generate(
+                    TokensPrompt(prompt_token_ids=prepared.token_ids),
+                    self._params(prepared.options),
+                    engine_id,
+                )
+                async for out in generator:
+                    piece = out.outputs[0]
+                    new_tokens = len(piece.token_ids)
+                    now = time.monotonic()
+                    timing.stats = out.metrics
+                    if new_tokens:
+                        if tokens == 0:
+                            metrics.TTFT.labels(*labels).observe(now - started)
+                            if timing.started_ns:
+                                timing.first_token_ns = tracing.now_ns()
+                            if new_tokens > 1:
+                                metrics.ITL.labels(*labels).observe((now - started) / new_tokens)
+                        else:
+                            metrics.ITL.labels(*labels).observe((now - last) / new_tokens)
+                        last = now
+                    tokens += new_tokens
+                    finish = piece.finish_reason if out.finished else None
+                    finish_reason = finish or finish_reason
+                    if piece.text or finish:
+                        digest.update(piece.text.encode())
+                        yield Piece(piece.text, finish, tokens, prompt_tokens)
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
             # AsyncLLM.generate aborts the engine request on cancellation; we count it.

@@ -40,3 +40,15 @@ ABORTED = Counter(
     "Generations aborted because the client went away (the engine stops working on them).",
     LABELS,
 )
+# The sleep tier (predictors/sleep.py; GPU only): the engine's state and how long each wake took.
+SLEEP_STATE = Gauge(
+    "semserve_predictor_sleep_state",
+    "1 while the engine sleeps (vLLM sleep mode: weights in host memory, KV cache freed), else 0.",
+    ("model_name",),
+)
+WAKE_SECONDS = Histogram(
+    "semserve_predictor_wake_seconds",
+    "Time for the sleeping engine to wake (weights back to the accelerator, KV cache reallocated).",
+    ("model_name",),
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 60),
+)

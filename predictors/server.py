@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from predictors.admin_routes import register_sleep_routes
 from predictors.config import PredictorSettings
 from predictors.engine import Engine
 from predictors.judge import SameAnswerJudge
@@ -31,7 +32,12 @@ def assemble(settings: PredictorSettings) -> Service:
     # The judge shares the engine: its requests join the main model's continuous batch.
     judge = SameAnswerJudge(settings.model_name, engine)
     judge.load()
-    return Service(model=model, openai=PredictorOpenAI(settings, engine), extra_models=(judge,))
+    return Service(
+        model=model,
+        openai=PredictorOpenAI(settings, engine),
+        extra_models=(judge,),
+        extra_routes=lambda app: register_sleep_routes(app, engine),
+    )
 
 
 def run(settings: PredictorSettings, trace_settings: tracing.TracingSettings | None = None) -> None:
