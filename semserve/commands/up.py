@@ -201,20 +201,30 @@ def _banner(args: argparse.Namespace, sup: Supervisor) -> str:
         '{"role":"system","content":"You answer in one short sentence."},'
         '{"role":"user","content":"What is the capital of France?"}]}'
     )
-    return f"""
-semserve is up.
-  transformer  v2 REST + OpenAI  http://127.0.0.1:{http}    \
-v2 gRPC 127.0.0.1:{args.transformer_grpc_port}{_replicas_line(args)}
-  predictor    v2 REST + OpenAI  http://127.0.0.1:{args.predictor_http_port}    \
-v2 gRPC 127.0.0.1:{args.predictor_grpc_port}
-  redis        redis://127.0.0.1:{args.redis_port}
-  logs         {args.log_dir}/   (state and restart counts: {sup.status_path})
-  {_status_line(sup)}
-
+    # Only what runs here (a component left out with --without is not announced as up).
+    lines = []
+    if "transformer" not in args.without:
+        lines.append(f"  transformer  v2 REST + OpenAI  http://127.0.0.1:{http}    "
+                     f"v2 gRPC 127.0.0.1:{args.transformer_grpc_port}{_replicas_line(args)}")  # fmt: skip
+    if "predictor" not in args.without:
+        lines.append(f"  predictor    v2 REST + OpenAI  http://127.0.0.1:{args.predictor_http_port}    "
+                     f"v2 gRPC 127.0.0.1:{args.predictor_grpc_port}")  # fmt: skip
+    else:
+        lines.append(f"  predictor    started elsewhere: v2 gRPC 127.0.0.1:{args.predictor_grpc_port}")
+    if "redis" not in args.without:
+        lines.append(f"  redis        redis://127.0.0.1:{args.redis_port}")
+    try_it = "" if "transformer" in args.without else f"""
 Try (twice: the second answer comes from the cache, see x-semserve-cache):
   curl -si http://127.0.0.1:{http}/openai/v1/chat/completions \\
     -H 'content-type: application/json' -d '{body}'
-
+"""
+    endpoints = "\n".join(lines)
+    return f"""
+semserve is up.
+{endpoints}
+  logs         {args.log_dir}/   (state and restart counts: {sup.status_path})
+  {_status_line(sup)}
+{try_it}
 A component that exits is restarted; Ctrl-C stops everything.{_persistence_line(args)}"""
 
 
