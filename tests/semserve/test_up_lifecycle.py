@@ -184,6 +184,7 @@ def test_up_dies_whole_and_keeps_its_cache(predictor: Predictor, tmp_path: Path)
     assert httpx.get(f"{predictor.http}/v2/health/ready", timeout=5).status_code == 200
 
 
+@pytest.mark.timeout(1500)  # two engine starts (about 100 s each here, more on a loaded machine)
 def test_a_killed_predictor_takes_its_engine_along(tmp_path: Path) -> None:
     """`semserve up` with its own predictor (the only component). The supervisor is frozen
     (SIGSTOP) while the predictor is SIGKILLed, so the engine must end by itself (lifeline's
