@@ -34,6 +34,7 @@ from serverless.tenant_objects import (
     secrets_note,
     tenant_objects,
 )
+from serverless.tenant_sleep import SleepSettingError, set_sleep
 from serverless.tenant_status import conditions, deployment_mode, format_status, tenant_status
 
 
@@ -46,6 +47,12 @@ def cmd_create(cl: Client | None, args: argparse.Namespace) -> int:
         revision=args.revision,
         external_redis=args.external_redis,
     )
+    if args.sleep_after_idle_s is not None:
+        isvc = next(d for d in docs if d["kind"] == "InferenceService")
+        try:
+            set_sleep(isvc, args.sleep_after_idle_s)
+        except SleepSettingError as e:
+            raise TenantError(str(e)) from None
     if args.dry_run:
         print(secrets_note(docs, args.namespace), end="")
         print(dump_objects(docs), end="")
@@ -219,6 +226,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--external-redis",
         action="store_true",
         help="leave out the in-cluster Redis (the Secret semserve-redis points at yours)",
+    )
+    c.add_argument(
+        "--sleep-after-idle-s",
+        type=str,
+        default=None,
+        metavar="SECONDS",
+        help="GPU predictors: sleep (vLLM sleep mode) after this many idle seconds, wake on the next "
+        "request; annotation semserve.io/sleep-after-idle-s. Refused on CPU profiles (no sleep mode)",
     )
     c.add_argument("--dry-run", action="store_true", help="print the objects; contact no cluster")
     c.add_argument("--server-dry-run", action="store_true", help="apply with dryRun=All (admission runs)")

@@ -28,6 +28,7 @@ import jsonschema
 import yaml
 
 from serverless import settings_from_manifest as sfm
+from serverless.tenant_sleep import sleep_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_VERSION = os.environ.get("SEMSERVE_K8S_VERSION", "1.32.0")
@@ -179,6 +180,9 @@ def validate_objects(
         else:
             errors.extend(_core_errors(doc, k8s_version))
         errors.extend(webhook_rules(doc, cluster_config))
+        # semserve's own rule (no admission webhook enforces it): the sleep annotation and the
+        # predictor's env agree, and no sleep on a CPU predictor (the pod would refuse to start).
+        errors.extend(sleep_rules(doc))
     return errors
 
 
