@@ -10,8 +10,8 @@ default): when no candidate is accepted, the best one the scorer rejected by sco
 probability of at least `judge_min_score` is asked of the judge, once per lookup, and served if the
 judge's same-answer probability reaches `judge_threshold`; a failing or slow judge rejects.
 
-Fail open: each Redis round trip of a lookup runs under `lookup_timeout_ms`, the embedding under
-`embed_timeout_ms`, every store under `store_timeout_ms`.
+Fail open: the KNN of a lookup runs under `lookup_timeout_ms`, the embedding under
+`embed_timeout_ms`, the exact read and every store under `store_timeout_ms`.
 A Redis error or timeout makes the lookup return status "error" (the caller goes
 to the predictor); cache/health.py decides when Redis is out of the path and when it is probed again.
 
@@ -141,10 +141,9 @@ class SemanticCache:
 
     async def start(self) -> None:
         """Best effort at startup: the service starts even if Redis is not there yet."""
-        if self.settings.enabled:
-            await self.ensure_index()
-            if self.epochs is not None:
-                self.epochs.start()
+        await self.ensure_index()
+        if self.epochs is not None:
+            self.epochs.start()
 
     async def close(self) -> None:
         if self.epochs is not None:
@@ -169,7 +168,7 @@ class SemanticCache:
         return req
 
     def _skip(self, req: CacheRequest) -> bool:
-        return not self.settings.enabled or req.bypass or not keys.normalize_text(req.prompt)
+        return req.bypass or not keys.normalize_text(req.prompt)
 
     def _finish(self, res: LookupResult, t0: float) -> LookupResult:
         res.timings["total"] = (time.perf_counter() - t0) * 1000.0
@@ -239,11 +238,16 @@ class SemanticCache:
     async def _lookup(self, req: CacheRequest, res: LookupResult, phase: _Phase) -> None:
         t = time.perf_counter()
         phase.name = "exact"
-        # Redis round trips get the tight budget (a slow Redis must cost only milliseconds); the
-        # embedding gets its own, since CPU contention, not Redis, decides how long it takes.
+        # The KNN gets the tight budget (a slow Redis must cost only milliseconds); the embedding
+        # gets its own, since CPU contention, not Redis, decides how long it takes. The exact read
+        # (and the epoch read before a model's first one) gets the store's: it is one cheap round
+        # trip that can find a whole answer, and a CPU-starved process (a fresh replica on a busy
+        # node) must not turn an answer another replica just stored into a miss and a generation.
+        # A Redis that is really slow is taken out of the path after `degrade_after_timeouts`.
         redis_budget = self.settings.lookup_timeout_ms / 1000.0
+        exact_budget = max(redis_budget, self.settings.store_timeout_ms / 1000.0)
         phase.name = "epoch"
-        req = await self._read_epoch(req, redis_budget)
+        req = await self._read_epoch(req, exact_budget)
         # With embed_during_exact the forward runs while the exact read is on the wire; an exact hit
         # cancels it (skipped if not started yet; one already running finishes into the LRU).
         early = None
@@ -252,7 +256,7 @@ class SemanticCache:
         try:
             phase.name = "exact"
             with self._redis_span("HMGET") as span:
-                async with asyncio.timeout(redis_budget):
+                async with asyncio.timeout(exact_budget):
                     hit = await self._entries.get_exact(req)
                 span.set_attribute("semserve.cache.exact_hit", hit is not None)
             res.timings["exact"] = (time.perf_counter() - t) * 1000.0

@@ -20,7 +20,6 @@ class CacheSettings(Settings):
     # A code constant, not a knob: it changes when the layout or the fingerprint recipe changes.
     SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
 
-    enabled: bool = setting(True, "Use the cache at all; off makes every lookup a bypass.")
     redis_url: str = setting("redis://127.0.0.1:6380/0", "Redis (with RediSearch) URL.")
     redis_password: str = setting("", "Redis password (AUTH), if not in the URL.", secret=True)
     ca_file: Path | None = setting(

@@ -38,7 +38,7 @@ PREVIOUS_REVISION_ANN = "semserve.io/previous-model-revision"
 ROLLOUT_ANN = "semserve.io/rollout"  # canary | promoted | rolled-back
 CACHE_EPOCH_ANN = "semserve.io/cache-epoch"
 TAG_ROUTING_ANN = "serving.kserve.io/enable-tag-routing"
-REVISION_ENV = "SEMSERVE_TRANSFORMER_MODEL_REVISION"
+REVISION_ENV = "SEMSERVE_TRANSFORMER_EXPECTED_MODEL_REVISION"
 # The revision the predictor reports with each answer: a transformer keyed by another revision (the
 # stable one, whose misses reach the canary predictor through the split route) does not cache it.
 PREDICTOR_REVISION_ENV = "SEMSERVE_PREDICTOR_MODEL_REVISION"

@@ -63,7 +63,7 @@ def skipped(t: Transformer) -> float:
 @pytest.fixture(scope="module")
 def same_revision(predictor: Predictor, redis_url: str) -> Iterator[Transformer]:
     t = start_transformer("rev-same", predictor.grpc, redis_url,
-                          "--model-revision", PREDICTOR_REVISION)
+                          "--expected-model-revision", PREDICTOR_REVISION)
     try:
         yield t
     finally:
@@ -73,7 +73,7 @@ def same_revision(predictor: Predictor, redis_url: str) -> Iterator[Transformer]
 @pytest.fixture(scope="module")
 def other_revision(predictor: Predictor, redis_url: str) -> Iterator[Transformer]:
     t = start_transformer("rev-other", predictor.grpc, redis_url,
-                          "--model-revision", "rev-b", "--log-level", "debug")
+                          "--expected-model-revision", "rev-b", "--log-level", "debug")
     try:
         yield t
     finally:

@@ -156,7 +156,7 @@ class AnswerPipeline:
             prompt=prompt,
             context=context,
             sampling=SamplingKey.from_options(ctx.sampling),
-            model_revision=self.settings.model_revision or None,
+            model_revision=self.settings.expected_model_revision or None,
         )
 
     def _key_of(self, request: AnswerRequest) -> CacheRequest:
@@ -273,7 +273,7 @@ class AnswerPipeline:
         """A complete answer, not produced by another model revision than this transformer's."""
         if not answer.complete:
             return False
-        own, got = self.settings.model_revision, answer.model_revision
+        own, got = self.settings.expected_model_revision, answer.model_revision
         if own and got and got != own:
             metrics.STORE_SKIPPED.labels(self.model, "revision_mismatch").inc()
             log.debug("cache_store_skipped", reason="revision_mismatch", revision=got, expected=own)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from semserve.errors import ServingError
 
-# The tenant of the request being served, set by the HTTP and gRPC auth guards.
+# The tenant of the request being served, set by the HTTP and gRPC auth middleware (auth_middleware.py).
 tenant_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("tenant", default=None)
 
 

@@ -39,14 +39,15 @@ class TransformerSettings(ServerSettings):
     )
     cache_policy: str = setting(
         "deterministic",
-        "Which requests use the cache by default: deterministic (temperature 0), all, or off. "
-        "Clients opt out per request with Cache-Control: no-cache / no-store.",
+        "Which requests use the cache by default: deterministic (temperature 0), all, or off (no "
+        "cache at all: no Redis). Clients opt out per request with Cache-Control: no-cache / no-store.",
         choices=("deterministic", "all", "off"),
     )
-    model_revision: str = setting(
+    expected_model_revision: str = setting(
         "",
-        "Model revision in the cache key, so answers of another revision are never served; answers "
-        "the predictor reports as another revision's are served but not stored.",
+        "The model revision this transformer expects of the predictor: part of the cache key, so "
+        "answers of another revision are never served; answers the predictor reports as another "
+        "revision's (its --model-revision) are served but not stored.",
     )
     workers: int = setting(1, "Accepted for KServe's --workers; this server runs one process.")
     request_log: Path | None = setting(

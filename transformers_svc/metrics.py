@@ -46,7 +46,7 @@ PREDICTOR_CALLS_SAVED = Counter(
 STORE_SKIPPED = Counter(
     "semserve_cache_store_skipped",
     "Complete answers served but not cached, by reason (revision_mismatch: the predictor reported "
-    "another model revision than the transformer's --model-revision, e.g. during a canary).",
+    "another model revision than the transformer's --expected-model-revision, e.g. during a canary).",
     ("model_name", "reason"),
 )
 PREDICTOR_CALLS = Counter(

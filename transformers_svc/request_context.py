@@ -51,7 +51,7 @@ class RequestContext:
 
 
 def _tenant(default: str) -> str:
-    # Set by the auth middleware (transformers_svc/guards.py) from the caller's API key.
+    # Set by the auth middleware (transformers_svc/auth_middleware.py) from the caller's API key.
     return tenant_var.get() or default
 
 
@@ -72,7 +72,7 @@ def v2_context(
 
 
 def openai_context(
-    http: openai_routes.RequestContext, *, model: str, default_tenant: str, route: str
+    http: openai_routes.OpenAIHttpCall, *, model: str, default_tenant: str, route: str
 ) -> RequestContext:
     tenant = _tenant(default_tenant)
     tracing.annotate(semserve__protocol="openai", semserve__tenant=tenant, gen_ai__request__model=model)

@@ -17,8 +17,8 @@ from transformers_svc import metrics
 from transformers_svc.admin import register_admin_routes
 from transformers_svc.answer_pipeline import AnswerPipeline
 from transformers_svc.auth import Authenticator
+from transformers_svc.auth_middleware import GrpcAuth, HttpAuth
 from transformers_svc.config import TransformerSettings
-from transformers_svc.guards import GrpcAuth, HttpAuth
 from transformers_svc.judge import PredictorJudge
 from transformers_svc.model import SemanticCacheTransformer
 from transformers_svc.openai_backend import TransformerOpenAI
@@ -29,9 +29,7 @@ log = logs.get_logger("semserve.transformer")
 
 
 def build_cache(cache_settings: CacheSettings, embed_settings: EmbedderSettings,
-                verify_settings: VerifierSettings, judge: Judge | None = None) -> SemanticCache | None:
-    if not cache_settings.enabled:
-        return None
+                verify_settings: VerifierSettings, judge: Judge | None = None) -> SemanticCache:
     embedder = Embedder(embed_settings)
     store = RedisCacheStore.from_settings(cache_settings)
     verifier = RuleVerifier(verify_settings, min_similarity=cache_settings.min_similarity)
@@ -68,7 +66,9 @@ def assemble(
     log.info("auth", enabled=auth.enabled)
     predictor = PredictorClient(settings)
     judge = PredictorJudge(predictor) if cache_settings.judge == "predictor" else None
-    cache = build_cache(cache_settings, embed_settings, verify_settings, judge)
+    # --cache-policy off: no cache at all (no Redis connection, every request a bypass).
+    cache = (build_cache(cache_settings, embed_settings, verify_settings, judge)
+             if settings.cache_policy != "off" else None)  # fmt: skip
     if cache is not None:
         metrics.register_policy(settings.model_name, cache)
     if judge is not None and cache is not None:
