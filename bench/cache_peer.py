@@ -27,14 +27,14 @@ class PeerLatency:
 def our_cache(redis_url: str, deployment: str, embedder: Any, verifier: Any) -> Any:
     from cache.semantic_cache import SemanticCache
     from cache.settings import CacheSettings
-    from cache.store import RedisCacheStore
+    from cache.store import EntryStore
 
     settings = CacheSettings(
         redis_url=redis_url, deployment=deployment,
         # Generous budgets: a shared, loaded machine must not turn slow lookups into errors here.
         lookup_timeout_ms=5000.0, store_timeout_ms=5000.0, embed_timeout_ms=5000.0,
     )
-    return SemanticCache(RedisCacheStore.from_settings(settings), embedder, verifier, settings)
+    return SemanticCache(EntryStore.from_settings(settings), embedder, verifier, settings)
 
 
 async def peer_latency(

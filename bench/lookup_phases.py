@@ -163,7 +163,7 @@ async def measure(
     from cache.keys import CacheRequest, SamplingKey
     from cache.semantic_cache import SemanticCache
     from cache.settings import CacheSettings, EmbedderSettings
-    from cache.store import RedisCacheStore
+    from cache.store import EntryStore
     from cache.verify import RuleVerifier
 
     stored, paraphrases, vectors, ref_embedder = served_pairs()
@@ -182,7 +182,7 @@ async def measure(
     caches: list[tuple[Variant, SemanticCache, EmbedProbe | None]] = []
     for v in variants:
         emb = Embedder(EmbedderSettings(**{"lru_size": 0, **v.embed}))
-        c = SemanticCache(RedisCacheStore.from_settings(settings(v)), emb, RuleVerifier(), settings(v))
+        c = SemanticCache(EntryStore.from_settings(settings(v)), emb, RuleVerifier(), settings(v))
         await c.start()
         caches.append((v, c, EmbedProbe(emb) if concurrency == 1 else None))
     first = caches[0][1]

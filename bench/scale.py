@@ -9,7 +9,7 @@ For each N in --entries, on a fresh local Redis with RediSearch (free port):
 2. index: FT.CREATE (cache.schema) after the writes, timed until FT.INFO says indexing is done:
    the build time of a restarted or rebuilt index. Redis used_memory before and after gives
    bytes per entry (data, and data + index).
-3. in process: the store's exact lookup (HMGET) and KNN (FT.SEARCH through RedisCacheStore), p50
+3. in process: the store's exact lookup (HMGET) and KNN (FT.SEARCH through EntryStore), p50
    and p99, and recall@1 of the KNN against numpy brute force over the tenant's vectors, for each
    EF_RUNTIME in --ef-runtime (a query attribute: one build serves every value).
 4. server (unless --skip-server): a `semserve transformer` on that Redis (no predictor: hits need
@@ -180,7 +180,7 @@ def main(args: argparse.Namespace) -> int:
                 f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, shared machine). "
                 f"Synthetic entries (random unit vectors, the stored format, one fingerprint), "
                 f"index built after the writes (FT.CREATE until indexing is done). In process: "
-                f"the store's HMGET and KNN (RedisCacheStore), {args.queries} lookups each, "
+                f"the store's HMGET and KNN (EntryStore), {args.queries} lookups each, "
                 f"KNN of a noisy copy of a stored vector (noise {args.noise}), recall@1 against "
                 f"brute force over the tenant's vectors. Server: a transformer on that Redis, "
                 f"v2 REST, concurrency 1, {args.server_requests} exact and semantic hits each "

@@ -81,7 +81,7 @@ class Entry:
 
 
 def put(pipe: object, schema: object, e: Entry, answer: str, now: float) -> None:
-    """Queue one entry as RedisCacheStore.put stores it (hash, TTL, tenant sorted set)."""
+    """Queue one entry as EntryStore.put stores it (hash, TTL, tenant sorted set)."""
     from cache import schema as s
 
     key = schema.entry_key(e.entry_id)  # type: ignore[attr-defined]

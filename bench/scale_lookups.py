@@ -66,12 +66,12 @@ async def measure_in_process(
     """Exact lookups of stored entries, and KNN of noisy copies of stored vectors, calls
     interleaved; recall@1 against brute force over the tenant's own vectors."""
     from cache.settings import CacheSettings
-    from cache.store import RedisCacheStore, make_client
+    from cache.store import EntryStore, make_client
 
     names = tenant_names(row.tenants)
     fp = request_fingerprint(schema)
     client = make_client(CacheSettings(redis_url=redis_url))  # the client the cache itself uses
-    store = RedisCacheStore(client, schema)  # type: ignore[arg-type]
+    store = EntryStore(client, schema)  # type: ignore[arg-type]
     nrng = np.random.default_rng(rng.randrange(2**31))
     hits = dict.fromkeys(ef_values, 0)
     row.knn = {ef: Latency() for ef in ef_values}
@@ -106,7 +106,7 @@ async def measure_in_process(
 
 
 async def _knn_top(store: object, req: object, vector: np.ndarray, ef: int) -> str | None:
-    """Id of the nearest entry. ef 0: RedisCacheStore.search itself (the cache's own call, the
+    """Id of the nearest entry. ef 0: EntryStore.search itself (the cache's own call, the
     index's EF_RUNTIME); ef > 0: the same query with EF_RUNTIME given on it."""
     if ef <= 0:
         cands = await store.search(req, vector, 5)  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ def cache_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAct
     return cache_sub
 
 
-# The settings the store commands read (RedisCacheStore.from_settings and make_client): their
+# The settings the store commands read (EntryStore.from_settings and make_client): their
 # --help lists only these, not every transformer-side cache knob.
 STORE_SETTINGS = (
     "redis_url", "redis_password", "ca_file", "deployment", "embedding_dim",
@@ -91,9 +91,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def _with_store(args: argparse.Namespace, op: str) -> Any:
-    from cache.store import RedisCacheStore
+    from cache.store import EntryStore
 
-    store = RedisCacheStore.from_settings(CacheSettings.from_namespace(args))
+    store = EntryStore.from_settings(CacheSettings.from_namespace(args))
     try:
         if op == "stats":
             return await store.stats(args.tenant)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 from semserve import tracing
 
 
 class RedisSpans:
     """`spans("FT.SEARCH", index)`: the span of one Redis operation of `store`."""
 
-    def __init__(self, store: RedisCacheStore) -> None:
+    def __init__(self, store: EntryStore) -> None:
         self._attrs = redis_attributes(store)
 
     def __call__(self, operation: str, target: str | None = None) -> Any:
@@ -20,7 +20,7 @@ class RedisSpans:
         return tracing.span(name, tracing.SpanKind.CLIENT, db__operation__name=operation, **self._attrs)
 
 
-def redis_attributes(store: RedisCacheStore) -> dict[str, Any]:
+def redis_attributes(store: EntryStore) -> dict[str, Any]:
     """DB semantic-convention attributes of the store's Redis (test doubles may have none)."""
     pool = getattr(getattr(store, "client", None), "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", {})

@@ -48,7 +48,7 @@ from cache.lookup_result import LookupResult
 from cache.payload import Payload
 from cache.redis_spans import RedisSpans
 from cache.settings import CacheSettings
-from cache.store import Candidate, RedisCacheStore, is_missing_index
+from cache.store import Candidate, EntryStore, is_missing_index
 from semserve import tracing
 from semserve.logs import get_logger
 
@@ -65,7 +65,7 @@ class _Phase:
 class SemanticCache:
     def __init__(
         self,
-        store: RedisCacheStore,
+        store: EntryStore,
         embedder: Embedder,
         verifier: Verifier,
         settings: CacheSettings,
@@ -102,7 +102,7 @@ class SemanticCache:
         )  # fmt: skip
 
     @property
-    def entries(self) -> RedisCacheStore:
+    def entries(self) -> EntryStore:
         """The Redis store of this cache's entries, for what works on entries rather than on one
         request: stats, flush, inspect (the admin routes). Not `store`: that method writes an answer."""
         return self._entries

@@ -35,8 +35,8 @@ class CacheSettings(Settings):
     max_entries_per_tenant: int = setting(10000, "Per-tenant cap; the oldest entries are evicted.")
     lookup_timeout_ms: float = setting(
         50.0,
-        "Budget of each Redis round trip of a lookup (exact GET, KNN); past it the request skips "
-        "the cache.",
+        "Budget of the KNN round trip of a lookup; past it the request skips the cache (the exact "
+        "GET has the store's budget).",
     )
     embed_timeout_ms: float = setting(
         1000.0,
@@ -49,7 +49,9 @@ class CacheSettings(Settings):
         "hit or a miss gains the exact round trip, an exact hit wastes a forward pass of CPU "
         "(cancelled only if it has not started).",
     )
-    store_timeout_ms: float = setting(500.0, "Budget of one store; also the Redis socket timeout.")
+    store_timeout_ms: float = setting(
+        500.0, "Budget of one store and of a lookup's exact GET; also the Redis socket timeout."
+    )
     singleflight_wait_s: float = setting(
         60.0,
         "How long identical concurrent misses wait for the first one's answer before producing their own.",

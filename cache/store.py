@@ -151,7 +151,7 @@ def _scope_filter(tenant_tag: str | None = None, model: str | None = None) -> st
     return str(intersect(**terms)) if terms else "*"
 
 
-class RedisCacheStore:
+class EntryStore:
     def __init__(
         self,
         client: aioredis.Redis,
@@ -175,7 +175,7 @@ class RedisCacheStore:
         *,
         schema_version: int = SCHEMA_VERSION,
         client: aioredis.Redis | None = None,
-    ) -> RedisCacheStore:
+    ) -> EntryStore:
         schema = IndexSchema(settings.deployment, settings.embedding_dim, schema_version)
         return cls(
             client if client is not None else make_client(settings),

@@ -30,7 +30,7 @@ import pytest
 from cache.keys import CacheRequest
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import RedisCacheStore, make_client
+from cache.store import EntryStore, make_client
 from semserve.config import Settings
 from semserve.tooling.local_redis import RedisServer, server_binary
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
@@ -277,7 +277,7 @@ def tls(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
 
 
 def _cache(settings: CacheSettings) -> SemanticCache:
-    store = RedisCacheStore.from_settings(settings)
+    store = EntryStore.from_settings(settings)
     return SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(0.8), settings)
 
 

@@ -25,7 +25,7 @@ from cache import keys
 from cache.keys import CacheRequest, SamplingKey
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 from semserve.v2 import grpc_tensors as tensors
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 from tests.conftest import Predictor, Transformer, start_transformer
@@ -220,7 +220,7 @@ async def test_ten_thousand_random_requests_never_cross_tenants(redis_url: str) 
     lookup then store on a miss, each answer carrying its owner: every hit must be the requester's."""
     settings_ = CacheSettings(redis_url=redis_url, deployment=f"tenantmix{uuid.uuid4().hex[:6]}",
                               lookup_timeout_ms=5000.0, store_timeout_ms=5000.0, degraded_retry_s=0.05)
-    store = RedisCacheStore.from_settings(settings_)
+    store = EntryStore.from_settings(settings_)
     cache = SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(0.8), settings_)
     await cache.start()
     rng = random.Random(20261202)

@@ -10,7 +10,7 @@ import uuid
 
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 from tests.support import free_port
 from transformers_svc.answer_pipeline import AnswerPipeline
 from transformers_svc.config import TransformerSettings
@@ -28,7 +28,7 @@ def cache_on(redis_url: str) -> SemanticCache:
         CacheSettings.from_env(), redis_url=redis_url, deployment=f"start-{uuid.uuid4().hex[:8]}"
     )
     # The start touches only the store: no embedder or verifier is needed to create the index.
-    return SemanticCache(RedisCacheStore.from_settings(settings), None, None, settings)  # type: ignore[arg-type]
+    return SemanticCache(EntryStore.from_settings(settings), None, None, settings)  # type: ignore[arg-type]
 
 
 async def test_start_creates_the_cache_index(redis_url: str) -> None:

@@ -9,7 +9,7 @@ from cache.embedder import Embedder
 from cache.interfaces import Judge
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 from cache.verify import RuleVerifier
 from semserve import logs, tracing
 from semserve.serving.app_builder import Service, run_service
@@ -31,7 +31,7 @@ log = logs.get_logger("semserve.transformer")
 def build_cache(cache_settings: CacheSettings, embed_settings: EmbedderSettings,
                 verify_settings: VerifierSettings, judge: Judge | None = None) -> SemanticCache:
     embedder = Embedder(embed_settings)
-    store = RedisCacheStore.from_settings(cache_settings)
+    store = EntryStore.from_settings(cache_settings)
     verifier = RuleVerifier(verify_settings, min_similarity=cache_settings.min_similarity)
     return SemanticCache(store, embedder, verifier, cache_settings, judge=judge)
 

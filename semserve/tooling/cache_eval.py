@@ -295,7 +295,7 @@ def evaluate_through_private_redis(
 
     from cache.semantic_cache import SemanticCache
     from cache.settings import CacheSettings
-    from cache.store import RedisCacheStore
+    from cache.store import EntryStore
     from semserve.tooling.local_redis import RedisServer, free_port
 
     with tempfile.TemporaryDirectory(prefix="semserve-eval-redis-") as tmp:
@@ -312,7 +312,7 @@ def evaluate_through_private_redis(
             )
 
             async def make_cache() -> SemanticCache:
-                cache = SemanticCache(RedisCacheStore.from_settings(settings), embedder, verifier, settings)
+                cache = SemanticCache(EntryStore.from_settings(settings), embedder, verifier, settings)
                 await cache.start()
                 return cache
 

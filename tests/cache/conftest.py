@@ -12,7 +12,7 @@ import redis
 from cache.keys import CacheRequest
 from cache.semantic_cache import LookupResult, SemanticCache
 from cache.settings import CacheSettings
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 from semserve.tooling.local_redis import RedisServer, free_port
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 
@@ -53,15 +53,15 @@ def cache_settings(redis_server: RedisServer, clean_redis: redis.Redis) -> Cache
 
 
 @pytest.fixture
-async def store(cache_settings: CacheSettings) -> AsyncIterator[RedisCacheStore]:
-    s = RedisCacheStore.from_settings(cache_settings)
+async def store(cache_settings: CacheSettings) -> AsyncIterator[EntryStore]:
+    s = EntryStore.from_settings(cache_settings)
     await s.ensure_index()
     yield s
     await s.close()
 
 
 @pytest.fixture
-async def cache(store: RedisCacheStore, cache_settings: CacheSettings) -> SemanticCache:
+async def cache(store: EntryStore, cache_settings: CacheSettings) -> SemanticCache:
     return SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(0.8), cache_settings)
 
 

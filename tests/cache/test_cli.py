@@ -33,10 +33,10 @@ def test_stats_inspect_flush(redis_server: RedisServer, clean_redis: redis.Redis
     # Written through the same code the services use, from a child process, so this test needs no loop.
     script = (
         "import asyncio, numpy as np\n"
-        "from cache.store import RedisCacheStore\nfrom cache.settings import CacheSettings\n"
+        "from cache.store import EntryStore\nfrom cache.settings import CacheSettings\n"
         "from cache.keys import CacheRequest\n"
         f"settings = CacheSettings(redis_url={redis_server.url!r}, deployment='test')\n"
-        "s = RedisCacheStore.from_settings(settings)\n"
+        "s = EntryStore.from_settings(settings)\n"
         "async def main():\n"
         "    await s.ensure_index()\n"
         "    for t, p in [('acme', 'q1'), ('acme', 'q2'), ('beta', 'q1')]:\n"

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from cache.epoch import SharedEpoch
 from cache.semantic_cache import SemanticCache
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 from semserve.tooling.local_redis import RedisServer, free_port
 from transformers_svc.admin import register_admin_routes
 from transformers_svc.auth import Authenticator, KeyEntry
@@ -164,7 +164,7 @@ async def test_two_caches_on_one_redis_follow_a_bump(
     settings = make_settings(redis_server.url, epoch_refresh_s=0.5)
     caches = []
     for _ in range(2):
-        store = RedisCacheStore.from_settings(settings)
+        store = EntryStore.from_settings(settings)
         await store.ensure_index()
         cache = SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(0.8), settings)
         await cache.start()
@@ -225,13 +225,13 @@ async def test_no_read_or_write_before_the_epoch_is_known(
     (older) setting: the lookup is an error (the request goes to the predictor), the store is
     skipped; the next request reads the epoch and is served in it."""
     settings = make_settings(redis_server.url)
-    old = SemanticCache(RedisCacheStore.from_settings(settings), HashingEmbedderDouble(),
+    old = SemanticCache(EntryStore.from_settings(settings), HashingEmbedderDouble(),
                         ThresholdVerifierDouble(0.8), settings)  # fmt: skip
     await old.entries.ensure_index()
     q = "What is the capital of France?"
     assert await old.store(chat(q), {"text": "Paris (old model)"})
     assert old.epochs is not None and await old.epochs.bump(MODEL) == 1
-    new = SemanticCache(RedisCacheStore.from_settings(settings), HashingEmbedderDouble(),
+    new = SemanticCache(EntryStore.from_settings(settings), HashingEmbedderDouble(),
                         ThresholdVerifierDouble(0.8), settings)  # fmt: skip
     assert new.epochs is not None
     real_ensure = new.epochs.ensure

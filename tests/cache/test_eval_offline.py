@@ -254,13 +254,13 @@ async def test_through_the_real_cache_matches_offline(
     redis_server: RedisServer, clean_redis: object, embedder: Embedder, fixture_sims: np.ndarray
 ) -> None:
     from cache.semantic_cache import SemanticCache
-    from cache.store import RedisCacheStore
+    from cache.store import EntryStore
     from tests.cache.conftest import make_settings
 
     settings = make_settings(redis_server.url)
 
     async def make_cache() -> SemanticCache:
-        store = RedisCacheStore.from_settings(settings)
+        store = EntryStore.from_settings(settings)
         cache = SemanticCache(store, embedder, RuleVerifier(VerifierSettings(mode="rules")), settings)
         await cache.start()
         return cache

@@ -15,7 +15,7 @@ import pytest
 
 from cache import keys
 from cache.semantic_cache import SemanticCache
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 from semserve.tooling.local_redis import RedisServer, free_port
 
 from .conftest import chat, make_settings, serve
@@ -28,7 +28,7 @@ BOUND_S = 1.0  # generous bound for a shared CI box; budgets below are 150 ms
 
 def make_cache(url: str) -> SemanticCache:
     settings = make_settings(url, lookup_timeout_ms=150.0, store_timeout_ms=300.0, degraded_retry_s=0.05)
-    store = RedisCacheStore.from_settings(settings)
+    store = EntryStore.from_settings(settings)
     return SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(0.8), settings)
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from cache.keys import CacheRequest
 from cache.semantic_cache import SemanticCache
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 
 from .conftest import chat
 
@@ -74,7 +74,7 @@ async def test_hostile_prompt_and_model_stay_in_tenant(cache: SemanticCache, hos
 
 @pytest.mark.parametrize("hostile", HOSTILE)
 async def test_hostile_admin_operations_stay_in_tenant(cache: SemanticCache, hostile: str) -> None:
-    store: RedisCacheStore = cache.entries
+    store: EntryStore = cache.entries
     await _seed(cache)
     assert await store.inspect(hostile) == []
     stats = await store.stats(hostile)

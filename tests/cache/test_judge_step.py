@@ -19,7 +19,7 @@ from cache.embedder import Embedder
 from cache.interfaces import Judge
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 from cache.verify import RuleVerifier
 
 from .conftest import chat
@@ -104,7 +104,7 @@ MakeCache = Callable[..., SemanticCache]
 
 @pytest.fixture
 def make_cache(
-    store: RedisCacheStore, cache_settings: CacheSettings, embedder: Embedder, verifier: RuleVerifier
+    store: EntryStore, cache_settings: CacheSettings, embedder: Embedder, verifier: RuleVerifier
 ) -> MakeCache:
     """Caches over one Redis index: make(judge, **CacheSettings overrides)."""
 

@@ -10,7 +10,7 @@ import pytest
 
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 
 from .conftest import chat
 from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble
@@ -42,7 +42,7 @@ async def test_semantic_hit_via_verifier(cache: SemanticCache) -> None:
     assert {"exact", "embed", "search", "verify", "total"} <= set(res.timings)
 
 
-async def test_verifier_rejection_is_a_miss(store: RedisCacheStore, cache_settings: CacheSettings) -> None:
+async def test_verifier_rejection_is_a_miss(store: EntryStore, cache_settings: CacheSettings) -> None:
     strict = ThresholdVerifierDouble(0.99)
     cache = SemanticCache(store, HashingEmbedderDouble(), strict, cache_settings)
     await cache.store(chat(Q), {"text": "Paris"})
@@ -52,7 +52,7 @@ async def test_verifier_rejection_is_a_miss(store: RedisCacheStore, cache_settin
 
 
 async def test_min_similarity_floor_skips_verifier(
-    store: RedisCacheStore, cache_settings: CacheSettings
+    store: EntryStore, cache_settings: CacheSettings
 ) -> None:
     verifier = ThresholdVerifierDouble(0.0)  # would accept anything it is shown
     cache = SemanticCache(store, HashingEmbedderDouble(), verifier, cache_settings)
@@ -88,7 +88,7 @@ async def test_store_of_unserializable_answer_fails_soft(cache: SemanticCache) -
     assert cache.counters.store_errors == 1 and not cache.degraded
 
 
-def test_embedder_dim_mismatch_is_refused(store: RedisCacheStore, cache_settings: CacheSettings) -> None:
+def test_embedder_dim_mismatch_is_refused(store: EntryStore, cache_settings: CacheSettings) -> None:
     with pytest.raises(ValueError):
         SemanticCache(store, HashingEmbedderDouble(dim=128), ThresholdVerifierDouble(), cache_settings)
 
@@ -103,7 +103,7 @@ async def test_entries_is_the_store_of_the_entries(cache: SemanticCache) -> None
 
 
 def _cache_embedding_during_exact(
-    store: RedisCacheStore, cache_settings: CacheSettings, delay_s: float = 0.0
+    store: EntryStore, cache_settings: CacheSettings, delay_s: float = 0.0
 ) -> SemanticCache:
     settings = dataclasses.replace(cache_settings, embed_during_exact=True)
     embedder = HashingEmbedderDouble(delay_s=delay_s)
@@ -111,7 +111,7 @@ def _cache_embedding_during_exact(
 
 
 async def test_embed_during_exact_serves_the_same_and_embeds_once(
-    store: RedisCacheStore, cache_settings: CacheSettings
+    store: EntryStore, cache_settings: CacheSettings
 ) -> None:
     cache = _cache_embedding_during_exact(store, cache_settings)
     emb = cache.embedder
@@ -127,7 +127,7 @@ async def test_embed_during_exact_serves_the_same_and_embeds_once(
 
 
 async def test_embed_during_exact_an_exact_hit_does_not_wait_for_the_embedding(
-    store: RedisCacheStore, cache_settings: CacheSettings
+    store: EntryStore, cache_settings: CacheSettings
 ) -> None:
     cache = _cache_embedding_during_exact(store, cache_settings, delay_s=2.0)
     await cache.store(chat(Q), {"text": "Paris"}, await HashingEmbedderDouble().embed(Q))
@@ -141,7 +141,7 @@ async def test_embed_during_exact_an_exact_hit_does_not_wait_for_the_embedding(
 
 
 async def test_embed_during_exact_a_redis_error_cancels_the_embedding(
-    store: RedisCacheStore, cache_settings: CacheSettings
+    store: EntryStore, cache_settings: CacheSettings
 ) -> None:
     cache = _cache_embedding_during_exact(store, cache_settings, delay_s=2.0)
 

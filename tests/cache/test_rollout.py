@@ -8,7 +8,7 @@ import dataclasses
 from cache import keys
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 
 from .conftest import chat
 from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble
@@ -18,11 +18,11 @@ PARAPHRASE = "Tell me, what is the capital of France?"
 emb = HashingEmbedderDouble()
 
 
-async def put(store: RedisCacheStore, prompt: str, **kw: object) -> None:
+async def put(store: EntryStore, prompt: str, **kw: object) -> None:
     await store.put(chat(prompt, **kw), prompt, await emb.embed(prompt), {"text": "A"})
 
 
-async def test_flush_one_revision_across_tenants(store: RedisCacheStore) -> None:
+async def test_flush_one_revision_across_tenants(store: EntryStore) -> None:
     await put(store, "q1", model_revision="r1")
     await put(store, "q2", model_revision="r1", tenant="other")
     await put(store, "q3", model_revision="r2")
@@ -53,7 +53,7 @@ def test_epoch_changes_every_key_but_zero_keeps_the_old_ones() -> None:
 
 
 async def test_bumped_epoch_serves_nothing_older(
-    store: RedisCacheStore, cache_settings: CacheSettings
+    store: EntryStore, cache_settings: CacheSettings
 ) -> None:
     verifier = ThresholdVerifierDouble(0.8)
     old = SemanticCache(store, HashingEmbedderDouble(), verifier, cache_settings)

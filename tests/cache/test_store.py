@@ -1,4 +1,4 @@
-"""RedisCacheStore against a real Redis + RediSearch."""
+"""EntryStore against a real Redis + RediSearch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import redis
 from cache import keys
 from cache.schema import F_SCOPE, SCHEMA_VERSION
 from cache.settings import CacheSettings
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 
 from .conftest import chat
 from .doubles import HashingEmbedderDouble
@@ -21,19 +21,19 @@ from .test_keys import HOSTILE
 emb = HashingEmbedderDouble()
 
 
-async def put(store: RedisCacheStore, prompt: str, answer: str = "A", ttl: int | None = None, **kw) -> str:
+async def put(store: EntryStore, prompt: str, answer: str = "A", ttl: int | None = None, **kw) -> str:
     req = chat(prompt, **kw)
     return await store.put(req, prompt, await emb.embed(prompt), {"text": answer}, ttl)
 
 
-async def test_ensure_index_is_idempotent(store: RedisCacheStore, clean_redis: redis.Redis) -> None:
+async def test_ensure_index_is_idempotent(store: EntryStore, clean_redis: redis.Redis) -> None:
     assert await store.ensure_index() is False  # the fixture created it
     clean_redis.flushall()
     assert await store.ensure_index() is True
     assert await store.ensure_index() is False
 
 
-async def test_exact_hit_and_miss(store: RedisCacheStore) -> None:
+async def test_exact_hit_and_miss(store: EntryStore) -> None:
     entry_id = await put(store, "What is the capital of France?", "Paris")
     hit = await store.get_exact(chat("What is the capital of  France? "))
     assert hit is not None and hit.answer == {"text": "Paris"} and hit.entry_id == entry_id
@@ -41,7 +41,7 @@ async def test_exact_hit_and_miss(store: RedisCacheStore) -> None:
     assert await store.get_exact(chat("What is the capital of Spain?")) is None
 
 
-async def test_search_returns_similar_entries_best_first(store: RedisCacheStore) -> None:
+async def test_search_returns_similar_entries_best_first(store: EntryStore) -> None:
     await put(store, "What is the capital of France?", "Paris")
     await put(store, "How do I bake sourdough bread at home?", "Bread")
     q = "Tell me, what is the capital of France?"
@@ -51,7 +51,7 @@ async def test_search_returns_similar_entries_best_first(store: RedisCacheStore)
     assert 0.8 < found[0].similarity < 1.0 and found[1].similarity < 0.5
 
 
-async def test_tenant_and_fingerprint_filter_the_search(store: RedisCacheStore) -> None:
+async def test_tenant_and_fingerprint_filter_the_search(store: EntryStore) -> None:
     p = "What is the capital of France?"
     await put(store, p, "Paris")
     v = await emb.embed(p)
@@ -63,7 +63,7 @@ async def test_tenant_and_fingerprint_filter_the_search(store: RedisCacheStore) 
     assert await store.search(chat(p, kind="completion"), v) == []
 
 
-async def test_knn_filters_on_one_scope_tag(store: RedisCacheStore, clean_redis: redis.Redis) -> None:
+async def test_knn_filters_on_one_scope_tag(store: EntryStore, clean_redis: redis.Redis) -> None:
     req = chat("What is the capital of France?", model_revision="r1", epoch=3)
     entry_id = await put(store, req.prompt, model_revision="r1", epoch=3)
     stored = clean_redis.hget(store.schema.entry_key(entry_id), F_SCOPE)
@@ -72,7 +72,7 @@ async def test_knn_filters_on_one_scope_tag(store: RedisCacheStore, clean_redis:
     assert store._filter(req) == f"@{F_SCOPE}:{{{keys.scope_tag(req)}}}"
 
 
-async def test_knn_never_returns_another_scopes_entry(store: RedisCacheStore) -> None:
+async def test_knn_never_returns_another_scopes_entry(store: EntryStore) -> None:
     """Entries with the very same prompt and vector in many scopes: each KNN sees only its own."""
     p = "What is the capital of France?"
     v = await emb.embed(p)
@@ -95,7 +95,7 @@ async def test_knn_never_returns_another_scopes_entry(store: RedisCacheStore) ->
     assert (await store.stats())["tenants"] == {"acme": 7}
 
 
-async def test_ttl_expiry_is_fixed(store: RedisCacheStore) -> None:
+async def test_ttl_expiry_is_fixed(store: EntryStore) -> None:
     p = "short lived"
     await put(store, p, ttl=1)
     await put(store, "long lived")
@@ -109,7 +109,7 @@ async def test_ttl_expiry_is_fixed(store: RedisCacheStore) -> None:
 
 async def test_eviction_keeps_the_newest_per_tenant(cache_settings: CacheSettings) -> None:
     cache_settings.max_entries_per_tenant = 3
-    store = RedisCacheStore.from_settings(cache_settings)
+    store = EntryStore.from_settings(cache_settings)
     await store.ensure_index()
     try:
         for i in range(5):
@@ -127,7 +127,7 @@ async def test_eviction_keeps_the_newest_per_tenant(cache_settings: CacheSetting
         await store.close()
 
 
-async def test_flush_by_tenant_and_model(store: RedisCacheStore) -> None:
+async def test_flush_by_tenant_and_model(store: EntryStore) -> None:
     await put(store, "q1")
     await put(store, "q2", model="m2")
     await put(store, "q3", model="m2", model_revision="r2")
@@ -144,7 +144,7 @@ async def test_flush_by_tenant_and_model(store: RedisCacheStore) -> None:
     assert stats["tenants"] == {"other": 2} and stats["num_docs"] == 2
 
 
-async def test_hostile_tenants_and_models_never_widen_or_error(store: RedisCacheStore) -> None:
+async def test_hostile_tenants_and_models_never_widen_or_error(store: EntryStore) -> None:
     p = "What is the capital of France?"
     v = await emb.embed(p)
     await put(store, p, "victim")
@@ -168,11 +168,11 @@ async def test_hostile_tenants_and_models_never_widen_or_error(store: RedisCache
 
 
 async def test_schema_version_bump_does_not_read_old_entries(
-    store: RedisCacheStore, cache_settings: CacheSettings
+    store: EntryStore, cache_settings: CacheSettings
 ) -> None:
     p = "What is the capital of France?"
     await put(store, p, "old")
-    v2 = RedisCacheStore.from_settings(cache_settings, schema_version=SCHEMA_VERSION + 1, client=store.client)
+    v2 = EntryStore.from_settings(cache_settings, schema_version=SCHEMA_VERSION + 1, client=store.client)
     assert await v2.ensure_index() is True
     assert v2.schema.index_name != store.schema.index_name
     assert await v2.get_exact(chat(p)) is None
@@ -181,7 +181,7 @@ async def test_schema_version_bump_does_not_read_old_entries(
     assert await store.get_exact(chat(p)) is not None
 
 
-async def test_stats_and_inspect(store: RedisCacheStore) -> None:
+async def test_stats_and_inspect(store: EntryStore) -> None:
     await put(store, "first", "1")
     await asyncio.sleep(0.01)
     await put(store, "second", "2", model="m2", model_revision="r1")
@@ -196,7 +196,7 @@ async def test_stats_and_inspect(store: RedisCacheStore) -> None:
     assert len(await store.inspect("acme", limit=1)) == 1
 
 
-async def test_put_rejects_wrong_dimension(store: RedisCacheStore) -> None:
+async def test_put_rejects_wrong_dimension(store: EntryStore) -> None:
     with pytest.raises(ValueError):
         await store.put(chat("x"), "x", np.zeros(10, np.float32), {"a": 1})
     # The entry id is the exact key.
@@ -204,7 +204,7 @@ async def test_put_rejects_wrong_dimension(store: RedisCacheStore) -> None:
     assert keys.exact_key(chat("x")) == entry_id
 
 
-async def test_search_and_inspect_keep_stored_text_byte_exact(store: RedisCacheStore) -> None:
+async def test_search_and_inspect_keep_stored_text_byte_exact(store: EntryStore) -> None:
     # Prompts come back as stored, lone surrogates included (the search API's own decoding would
     # replace them), and an entry that expired between match and load is skipped.
     p = "caf\u00e9 \ud800 what is the capital of France?"
@@ -220,10 +220,10 @@ async def test_search_and_inspect_keep_stored_text_byte_exact(store: RedisCacheS
 async def test_index_dimension_is_checked_through_ft_info(cache_settings: CacheSettings) -> None:
     from cache.store import SchemaMismatchError
 
-    small = RedisCacheStore.from_settings(dataclasses.replace(cache_settings, embedding_dim=8))
+    small = EntryStore.from_settings(dataclasses.replace(cache_settings, embedding_dim=8))
     try:
         assert await small.ensure_index() is True
-        other = RedisCacheStore.from_settings(cache_settings, client=small.client)
+        other = EntryStore.from_settings(cache_settings, client=small.client)
         with pytest.raises(SchemaMismatchError):
             await other.ensure_index()
     finally:
@@ -231,7 +231,7 @@ async def test_index_dimension_is_checked_through_ft_info(cache_settings: CacheS
 
 
 async def test_search_reads_a_resp2_reply_like_a_resp3_one(
-    store: RedisCacheStore, cache_settings: CacheSettings
+    store: EntryStore, cache_settings: CacheSettings
 ) -> None:
     # search() sends raw FT.SEARCH and reads the reply itself: both reply shapes give the same result.
     import redis.asyncio as aioredis
@@ -240,7 +240,7 @@ async def test_search_reads_a_resp2_reply_like_a_resp3_one(
     for p in ["How do I reset my password?", "How can I reset my password quickly?", "Weather in Oslo?"]:
         await store.put(chat(p), p, await emb.embed(p), {"text": f"answer to {p}"})
     q = "How do I reset the password?"
-    resp2 = RedisCacheStore(
+    resp2 = EntryStore(
         aioredis.Redis.from_url(cache_settings.redis_url, protocol=2, decode_responses=False), store.schema
     )
     try:

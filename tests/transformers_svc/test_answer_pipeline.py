@@ -11,7 +11,7 @@ from typing import Any
 
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import RedisCacheStore
+from cache.store import EntryStore
 from semserve.answer import Piece
 from semserve.sampling import SamplingOptions
 from semserve.tooling.local_redis import RedisServer
@@ -117,7 +117,7 @@ async def test_the_generation_outlives_its_leaders_cancellation(cache: SemanticC
     assert leader.cancelled()
 
 
-async def test_a_followers_wait_is_bounded(store: RedisCacheStore, cache_settings: CacheSettings) -> None:
+async def test_a_followers_wait_is_bounded(store: EntryStore, cache_settings: CacheSettings) -> None:
     cache_settings.singleflight_wait_s = 0.05
     cache = SemanticCache(store, HashingEmbedderDouble(), ThresholdVerifierDouble(), cache_settings)
 
@@ -141,7 +141,7 @@ async def test_two_replicas_on_one_redis_generate_once(redis_server: RedisServer
         settings = make_settings(redis_server.url, singleflight_replicas=lease)
         caches = []
         for _ in range(2):
-            s = RedisCacheStore.from_settings(settings)
+            s = EntryStore.from_settings(settings)
             await s.ensure_index()
             caches.append(SemanticCache(s, HashingEmbedderDouble(), ThresholdVerifierDouble(0.8), settings))
 
