@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.cache_clients import Target
+from bench.cache_clients import Clients, Target
 from bench.cache_e2e import Cell, end_to_end
+from bench.cache_floors import FloorRow, floors, floors_table
 from bench.cache_peer import PeerLatency, our_cache, peer_latency
 from bench.cache_report import e2e_table, eval_table, overhead_table, peer_latency_table
 from bench.predictor import _free_port, _machine
@@ -62,6 +63,10 @@ def main(args: argparse.Namespace) -> int:
     redis_dir = Path(tempfile.mkdtemp(prefix="redis-cache-bench-", dir=LOG_DIR))
     redis = RedisServer(_free_port(), data_dir=redis_dir)
     p_http, p_grpc, t_http, t_grpc = (_free_port() for _ in range(4))
+    # A running predictor (`--predictor HTTP_URL,GRPC_ADDR`) instead of one of our own.
+    shared = args.predictor.split(",") if args.predictor else None
+    pred_http = shared[0].rstrip("/") if shared else f"http://127.0.0.1:{p_http}"
+    pred_grpc = shared[1] if shared else f"127.0.0.1:{p_grpc}"
     predictor = Proc(
         "predictor",
         ["predictor", "--model", str(model_dir), "--http-port", str(p_http), "--grpc-port", str(p_grpc),
@@ -71,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
     transformer = Proc(
         "transformer",
         ["transformer", "--http-port", str(t_http), "--grpc-port", str(t_grpc),
-         "--predictor-host", f"127.0.0.1:{p_grpc}",
+         "--predictor-host", pred_grpc,
          "--cache-redis-url", "REDIS", "--cache-deployment", "bench_e2e",
          "--embed-lru-size", "0", *args.transformer_arg],
         f"http://127.0.0.1:{t_http}/v2/health/ready", LOG_DIR / "cache-bench-transformer.log",
@@ -80,13 +85,15 @@ def main(args: argparse.Namespace) -> int:
     eval_reports: list[tuple[str, Any]] = []
     peer_results: list[PeerLatency] = []
     cells: list[Cell] = []
+    floor_rows: list[FloorRow] = []
     try:
         print(f"==> Redis with RediSearch (data in {redis_dir})", flush=True)
         redis.start()
         transformer.args[transformer.args.index("REDIS")] = redis.url
         print(f"==> predictor (model {model_dir}, max_num_seqs {max_seqs}); starting in the background",
               flush=True)
-        predictor.start()
+        if not shared:
+            predictor.start()
 
         # While the engine loads: embeddings, pair selection and the accuracy figures (counts, so
         # the CPU the engine takes does not change them).
@@ -130,7 +137,8 @@ def main(args: argparse.Namespace) -> int:
         print(eval_table(eval_reports), flush=True)
 
         print("==> waiting for the predictor", flush=True)
-        predictor.wait_ready()
+        if not shared:
+            predictor.wait_ready()
         print("==> transformer", flush=True)
         transformer.start()
         transformer.wait_ready(300)
@@ -138,10 +146,14 @@ def main(args: argparse.Namespace) -> int:
               f"miss/direct cell, max_tokens {args.max_tokens}", flush=True)
         cells = asyncio.run(end_to_end(
             Target("transformer", f"http://127.0.0.1:{t_http}", f"127.0.0.1:{t_grpc}"),
-            Target("predictor", f"http://127.0.0.1:{p_http}", f"127.0.0.1:{p_grpc}"),
+            Target("predictor", pred_http, pred_grpc),
             exact_prompts, semantic_prompts, levels, args.requests_hit, args.requests_miss,
             args.max_tokens, args.warmup, rng,
         ))
+        if args.floor_requests:
+            floor_rows = asyncio.run(_floors(args, Target("transformer", f"http://127.0.0.1:{t_http}",
+                                                              f"127.0.0.1:{t_grpc}"),
+                                             exact_prompts, semantic_prompts, rng))
         # The in-process comparison runs with the servers gone: less noise for both caches.
         transformer.stop()
         predictor.stop()
@@ -171,6 +183,9 @@ def main(args: argparse.Namespace) -> int:
     print(peer)
     print()
     print(evals)
+    if floor_rows:
+        print()
+        print(floors_table(floor_rows))
     print(f"\n{'goals not met: ' + '; '.join(missed) if missed else 'all latency goals met'}")
     print(f"engine start {predictor.start_s:.0f} s, transformer start {transformer.start_s:.0f} s, "
           f"whole bench {minutes:.1f} min")
@@ -202,6 +217,19 @@ def main(args: argparse.Namespace) -> int:
                 f"{peer}\n\nEval pairs ({len(pairs)}, cache/data/eval_pairs.jsonl), same embeddings:\n\n"
                 f"{evals}\n\n{notes}\n"
             )
+            if floor_rows:
+                f.write(f"\nThe hit paths against their floors, same run (bench/cache_floors.py; "
+                        f"{args.floor_requests} requests each, alternated in rounds of 10 with the "
+                        f"peer):\n\n{floors_table(floor_rows)}\n")
         print(f"appended to {args.output}")
     bad = any(c.errors for c in cells)
     return 1 if bad else 0
+
+
+async def _floors(args: argparse.Namespace, transformer: Target, exact_prompts: list[str],
+                  semantic_prompts: list[str], rng: random.Random) -> list[FloorRow]:  # fmt: skip
+    clients = Clients(args.max_tokens)
+    try:
+        return await floors(clients, transformer, exact_prompts, semantic_prompts, args.floor_requests, rng)
+    finally:
+        await clients.close()

@@ -38,6 +38,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--transformer-arg", action="append", default=[], metavar="ARG",
         help="extra argument for `semserve transformer` (repeatable): --transformer-arg=--log-level=debug",
     )
+    cache.add_argument(
+        "--floor-requests", type=int, default=200, metavar="N",
+        help="issue 26 floors, same run: N semantic hits (c=1) alternated with the bare embedder "
+             "forward in its own process, N at c=32, N exact hits alternated with a bare ASGI app / "
+             "bare grpc.aio server answering a body of the same size (0: skip)",
+    )
+    cache.add_argument(
+        "--predictor", default=None, metavar="HTTP_URL,GRPC_ADDR",
+        help="use this running predictor (e.g. http://127.0.0.1:18080,127.0.0.1:18081) instead of "
+             "starting one",
+    )
     cache.add_argument("--seed", type=int, default=0, help="random seed (prompt order, miss prompts)")
     cache.add_argument("--output", default=None, help="append the markdown section to this file")
     cache.set_defaults(func=_main_of("cache"))
