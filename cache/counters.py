@@ -1,5 +1,5 @@
-"""The semantic cache's counters, apart from the policy so its helpers (cache.health,
-cache.single_flight) can count without importing it."""
+"""The semantic cache's counters, apart from SemanticCache so its helpers (cache.health, cache.lease,
+the transformer's single flight) can count without importing it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Single flight across replicas: the first replica to miss on a key generates, the others wait.
 
-Per process, identical concurrent misses already share one generation (cache.semantic_cache `run_once`,
-transformers_svc.shared_streams). This adds one step for the process's leader of a key: a lease in
-Redis, so that N replicas behind a load balancer make one predictor call for a burst, not N.
+Per process, identical concurrent misses already share one generation (cache/single_flight.py,
+driven by transformers_svc/answer_pipeline.py). This adds one step for the process's leader of a
+key: a lease in Redis, so that N replicas behind a load balancer make one predictor call for a burst, not N.
 
 - The lease is `SET <lease key> <token> NX PX lease_ms`, renewed by the leader while it generates
   (a replica that dies stops renewing; the lease expires after at most `lease_ms`).

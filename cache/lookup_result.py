@@ -26,7 +26,7 @@ class LookupResult:
     # ms: exact, embed, search, verify (judge within it, when asked), total
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # why, when status == "error"
-    # The embedding computed during the lookup: pass it to store()/run_once() to avoid a second one.
+    # The embedding computed during the lookup: pass it to store() to avoid a second one.
     vector: np.ndarray | None = field(default=None, repr=False)
 
     @property

@@ -97,7 +97,7 @@ def test_lines_carry_hashes_not_prompts(logged) -> None:
 
 def test_service_debug_log_has_no_prompt_text(logged) -> None:
     """At debug level the service log must not carry prompts. Known exception (reported, owned by
-    cache/verify/rules.py and transformers_svc/cache_front.py): the verifier's decision `detail`,
+    cache/verify/rules.py and transformers_svc/answer_pipeline.py): the verifier's decision `detail`,
     which names the content words that differ between the prompt and a cached look-alike. This
     test fails on any other line that carries prompt words."""
     t, _, service_log = logged
