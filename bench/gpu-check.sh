@@ -2,7 +2,8 @@
 # One prepared check for a GPU machine: our predictor vs vLLM's own OpenAI server on a model of
 # Llama-3-8B's shape (random weights: no weights can be downloaded there), at concurrency 1/32/128.
 # Prints engine start time, TTFT p50/p99 and output tokens/s for both and the ratios, and appends
-# the table, with the GPU's name, to bench/RESULTS.md.
+# the table, with the GPU's name, to bench/RESULTS.md; then checks the predictor's sleep tier
+# (bench/gpu_sleep_check.py: idle sleep, wake on request, wake time, admin routes).
 #
 #   bash bench/gpu-check.sh            # needs: an NVIDIA GPU, python3 with torch (CUDA) and PyPI vllm
 #
@@ -14,7 +15,7 @@ WORK=${SEMSERVE_GPU_CHECK_DIR:-/tmp/semserve-gpu-check}
 MODEL_DIR="$WORK/llama3-8b-shape-random"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 
-echo "==> [1/4] machine"
+echo "==> [1/5] machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || {
   echo "no NVIDIA GPU visible (nvidia-smi failed)"; exit 2; }
 "$PY" - <<'EOF' || exit 2
@@ -27,7 +28,7 @@ if missing:
 print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))
 EOF
 
-echo "==> [2/4] a random-weight model of Llama-3-8B's shape in $MODEL_DIR"
+echo "==> [2/5] a random-weight model of Llama-3-8B's shape in $MODEL_DIR"
 mkdir -p "$WORK"
 if [ ! -f "$MODEL_DIR/config.json" ]; then
   "$PY" - "$MODEL_DIR" <<'EOF'
@@ -61,9 +62,12 @@ print(f"model written in {time.time() - t0:.0f} s")
 EOF
 fi
 
-echo "==> [3/4] ours vs vLLM at concurrency 1, 32, 128 (ignore_eos, 128 output tokens)"
+echo "==> [3/5] ours vs vLLM at concurrency 1, 32, 128 (ignore_eos, 128 output tokens)"
 export SEMSERVE_BENCH_MEMORY_UTILIZATION=0.90
 "$PY" -m semserve bench predictor --model "$MODEL_DIR" --concurrency 1,32,128 --max-tokens 128 \
   --output bench/RESULTS.md --profile bench/gpu-profile.json
 
-echo "==> [4/4] done: table appended to bench/RESULTS.md, engine profile in bench/gpu-profile.json"
+echo "==> [4/5] the sleep tier: sleeps after 10 s idle, the next request wakes it (same text), admin routes"
+"$PY" bench/gpu_sleep_check.py --model "$MODEL_DIR" --idle-s 10 --output bench/RESULTS.md
+
+echo "==> [5/5] done: tables appended to bench/RESULTS.md, engine profile in bench/gpu-profile.json"

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -60,3 +61,16 @@ def test_admin_routes_answer_409_on_cpu_and_the_state_metric_reads_awake(predict
         text = http.get("/metrics").text
         assert 'semserve_predictor_sleep_state{model_name="llm"} 0.0' in text
         assert 'semserve_predictor_wake_seconds_count{model_name="llm"} 0.0' in text
+
+
+def test_the_gpu_sleep_check_stops_at_the_refusal_on_cpu(tmp_path: Path) -> None:
+    """bench/gpu_sleep_check.py (run by bench/gpu-check.sh on a GPU) here ends at the predictor's
+    refusal, with exit status 2 and the reason, in seconds."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "bench/gpu_sleep_check.py", "--model", str(tmp_path), "--idle-s", "5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert sleep_mode.CPU_REFUSAL in proc.stdout
+    assert time.monotonic() - started < 60
