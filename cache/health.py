@@ -39,6 +39,7 @@ class RedisHealth:
         self._recovered = recovered
         self._probe_at = 0.0
         self._timeouts_in_a_row = 0
+        self._refused = False  # the last failure was Redis refusing or dropping us, not slowness
 
     def down(self, exc: BaseException | str, timeout: bool = False) -> None:
         self.counters.redis_errors += 1
@@ -48,6 +49,7 @@ class RedisHealth:
             self._timeouts_in_a_row += 1
             if self._timeouts_in_a_row < self.settings.degrade_after_timeouts:
                 return
+        self._refused = not timeout
         self.counters.degraded = True
         self._probe_at = time.monotonic() + self.settings.degraded_retry_s
         self._fail("redis", exc)
@@ -69,6 +71,12 @@ class RedisHealth:
             return True
         self.counters.skipped_degraded += 1
         return False
+
+    def allowed_to_store(self) -> bool:
+        """A complete answer's store is tried unless Redis refused us: slow round trips (timeouts,
+        often this process starved of CPU) must not lose an answer a client is about to read back
+        through another replica; the store has its own budget."""
+        return not self.counters.degraded or not self._refused or self.allowed()
 
     def up(self) -> bool:
         """A Redis call succeeded. True when Redis was degraded until now: it may be a fresh, empty

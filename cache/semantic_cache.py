@@ -381,7 +381,7 @@ class SemanticCache:
         req = self._scoped(req)
         if self._skip(req):
             return False
-        if not self.health.allowed():
+        if not self.health.allowed_to_store():
             return False
         with tracing.span("semserve.cache.store", semserve__cache__kind=req.kind) as span:
             stored = await self._store(req, answer, vector)

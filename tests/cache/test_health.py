@@ -53,3 +53,15 @@ def test_only_consecutive_timeouts_degrade() -> None:
     assert not counters.degraded
     health.down("timeout", timeout=True)
     assert counters.degraded and counters.redis_errors == 3
+
+
+def test_a_store_is_tried_while_only_slowness_degraded_redis() -> None:
+    """Read-your-writes: timeouts (often this process starved of CPU) keep lookups out of Redis,
+    but a complete answer's store is still tried; a Redis that refused us is skipped until the
+    probe."""
+    health, counters, _ = make_health(degrade_after_timeouts=1, degraded_retry_s=60)
+    health.down("timeout", timeout=True)
+    assert counters.degraded and not health.allowed()
+    assert health.allowed_to_store()
+    health.failed(RedisConnectionError("refused"))
+    assert not health.allowed_to_store()
