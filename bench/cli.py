@@ -95,6 +95,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     stream.add_argument("--output", default=None, help="append the markdown section to this file")
     stream.set_defaults(func=_main_of("stream"))
 
+    from bench import miss
+
+    miss_p = bench_sub.add_parser(
+        "miss",
+        help="miss overhead, not streamed (v2 REST and OpenAI chat): transformer miss vs the predictor "
+        "direct, strictly alternated at c=1, fresh prompts",
+    )
+    miss.add_arguments(miss_p)
+    miss_p.set_defaults(func=_main_of("miss"))
+
     from bench import coldstart
 
     cold = bench_sub.add_parser(
