@@ -12,6 +12,12 @@ process, each path x protocol (v2 REST via httpx, v2 gRPC via grpc.aio) x concur
   direct    prompts of the same shape straight to the predictor; miss overhead = miss p50 - direct p50
   floor     the model-ready probe (REST GET / gRPC ModelReady): the client + server stack alone
 
+Then the hit paths against their floors (bench/cache_floors.py, `--floor-requests`; issue 26): the
+semantic hit at c=1 alternated with the bare forward of the same embedder in a process of its own,
+32 concurrent semantic hits against c=1, and the exact hit alternated with a bare ASGI app on
+uvicorn / a bare grpc.aio server answering the same client with a body of the same size.
+`--predictor HTTP_URL,GRPC_ADDR` uses a running predictor instead of starting one.
+
 Miss and direct requests are interleaved in chunks (one request at concurrency 1, one wave of
 `concurrency` requests above), so noise from other work on the machine hits both alike.
 
