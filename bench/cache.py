@@ -87,6 +87,16 @@ def main(args: argparse.Namespace) -> int:
          "--embed-lru-size", "0", *args.transformer_arg],
         f"http://127.0.0.1:{t_http}/v2/health/ready", LOG_DIR / "cache-bench-transformer.log",
     )
+    t2_http, t2_grpc = _free_port(), _free_port()
+    route_off = Proc(
+        "transformer-kserve-route",
+        ["transformer", "--http-port", str(t2_http), "--grpc-port", str(t2_grpc),
+         "--predictor-host", f"127.0.0.1:{p_grpc}",
+         "--cache-redis-url", "REDIS", "--cache-deployment", "bench_e2e",
+         "--embed-lru-size", "0", *args.transformer_arg, "--no-v2-fast-path"],
+        f"http://127.0.0.1:{t2_http}/v2/health/ready", LOG_DIR / "cache-bench-transformer-off.log",
+    )
+    route_report = ""
     peer_version = "-"
     eval_reports: list[tuple[str, Any]] = []
     peer_results: list[PeerLatency] = []
@@ -96,6 +106,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"==> Redis with RediSearch (data in {redis_dir})", flush=True)
         redis.start()
         transformer.args[transformer.args.index("REDIS")] = redis.url
+        route_off.args[route_off.args.index("REDIS")] = redis.url
         print(f"==> predictor (model {model_dir}, max_num_seqs {max_seqs}); starting in the background",
               flush=True)
         if not shared:
@@ -156,6 +167,10 @@ def main(args: argparse.Namespace) -> int:
             exact_prompts, semantic_prompts, levels, args.requests_hit, args.requests_miss,
             args.max_tokens, args.warmup, rng,
         ))
+        if args.v2_route_ab:
+            route_report = _route_ab(args, route_off, exact_prompts,
+                                     Target("owned route", f"http://127.0.0.1:{t_http}", ""),
+                                     Target("KServe's route", f"http://127.0.0.1:{t2_http}", ""))
         if args.floor_requests:
             floor_rows = asyncio.run(_floors(args, Target("transformer", f"http://127.0.0.1:{t_http}",
                                                               f"127.0.0.1:{t_grpc}"),
@@ -172,6 +187,7 @@ def main(args: argparse.Namespace) -> int:
             ))
     finally:
         transformer.stop()
+        route_off.stop()
         predictor.stop()
         redis.stop()
 
@@ -189,6 +205,9 @@ def main(args: argparse.Namespace) -> int:
     print(peer)
     print()
     print(evals)
+    if route_report:
+        print()
+        print(route_report)
     if floor_rows:
         print()
         print(floors_table(floor_rows))
@@ -239,3 +258,20 @@ async def _floors(args: argparse.Namespace, transformer: Target, exact_prompts: 
         return await floors(clients, transformer, exact_prompts, semantic_prompts, args.floor_requests, rng)
     finally:
         await clients.close()
+
+
+def _route_ab(args: argparse.Namespace, route_off: Proc, prompts: list[str], on: Target,
+              off: Target) -> str:  # fmt: skip
+    """The v2 REST route side by side (bench/cache_route_ab.py); the second transformer is
+    stopped again before the rest of the bench."""
+    from bench.cache_route_ab import route_ab, route_ab_table
+
+    print(f"==> v2 REST route side by side: {args.v2_route_ab} exact hits each", flush=True)
+    route_off.start()
+    try:
+        route_off.wait_ready(300)
+        table = route_ab_table(*asyncio.run(route_ab(on, off, prompts, args.v2_route_ab)))
+    finally:
+        route_off.stop()
+    print(table, flush=True)
+    return table

@@ -39,6 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="extra argument for `semserve transformer` (repeatable): --transformer-arg=--log-level=debug",
     )
     cache.add_argument(
+        "--v2-route-ab", type=int, default=0, metavar="N",
+        help="also N v2 REST exact hits each through a second transformer with --no-v2-fast-path "
+             "(KServe's route) on the same index, alternated with the first (0: skip)",
+    )
+    cache.add_argument(
         "--floor-requests", type=int, default=200, metavar="N",
         help="issue 26 floors, same run: N semantic hits (c=1) alternated with the bare embedder "
              "forward in its own process, N at c=32, N exact hits alternated with a bare ASGI app / "

@@ -241,3 +241,9 @@ class ServerSettings(OpenAIRouteSettings):
     default_max_tokens: int = setting(128, "max_tokens when a request gives none.")
     grace_period_s: float = setting(30.0, "On SIGTERM, how long in-flight requests may take to finish.")
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    v2_fast_path: bool = setting(
+        True,
+        "Answer v2 REST infer for the served model in semserve's own route (semserve/v2/rest_infer.py) "
+        "instead of KServe's: the same answers, less stack; anything it does not parse completely "
+        "goes to KServe's route.",
+    )

@@ -33,6 +33,7 @@ from semserve.serving.http_guard import HttpGuard
 from semserve.serving.kserve_overrides import ReadinessDataPlane, ServedModels
 from semserve.serving.state import ServingState
 from semserve.v2 import grpc_service
+from semserve.v2.rest_infer import V2RestInfer
 
 log = get_logger("semserve.serving")
 
@@ -59,6 +60,7 @@ class SemserveModelServer(kserve.ModelServer):
         setup_app: Callable[[FastAPI], None] | None = None,
         wrap_app: Callable[[Any], Any] | None = None,
         grpc_interceptors: tuple[aio.ServerInterceptor, ...] = (),
+        v2_fast_path: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -80,6 +82,8 @@ class SemserveModelServer(kserve.ModelServer):
         # An inner ASGI layer (e.g. the transformer's auth), run inside the guard.
         self.wrap_app = wrap_app
         self.grpc_interceptors = grpc_interceptors
+        # v2 REST infer in semserve's own route (semserve/v2/rest_infer.py) instead of KServe's.
+        self.v2_fast_path = v2_fast_path
         self._uvicorn: _QuietServer | None = None
         self._grpc: aio.Server | None = None
         self._stopped = asyncio.Event()
@@ -107,6 +111,7 @@ class SemserveModelServer(kserve.ModelServer):
             setup_app=setup_app,
             wrap_app=wrap_app,
             grpc_interceptors=grpc_interceptors,
+            v2_fast_path=settings.v2_fast_path,
         )
 
     def start(self, models: list[Any]) -> None:  # type: ignore[override]
@@ -192,7 +197,9 @@ class SemserveModelServer(kserve.ModelServer):
         with kserve_rest.without_kserve_openai():  # KServe's OpenAI layer would import vLLM
             rest.create_application()
         install_error_handlers(app)
-        inner: Any = self.wrap_app(app) if self.wrap_app is not None else app
+        # Innermost, so the guard, auth and CORS see its requests as they see KServe's.
+        routed: Any = V2RestInfer(app, self.dataplane) if self.v2_fast_path else app
+        inner: Any = self.wrap_app(routed) if self.wrap_app is not None else routed
         return HttpGuard(inner, self.state, self.max_body_bytes)
 
     async def _serve_grpc(self) -> None:

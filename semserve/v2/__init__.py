@@ -3,11 +3,12 @@
 - text_contract: the text tensor contract (inputs, outputs, parameters; parse and build);
   its names are re-exported here, so `from semserve import v2` then `v2.parse_request(...)`
 - text_model: the kserve.Models that answer only v2 (V2Model) and carry the text contract (TextModel)
+- rest_infer: v2 REST infer for the served models in an owned route (KServe's for the rest)
 - generate_routes: Triton's generate / generate_stream extension over HTTP
 - grpc_service: `inference.GRPCInferenceService` as Triton serves it (ModelInfer, ModelStreamInfer)
 - grpc_tensors: between its wire messages (inference.proto, inference_pb2) and KServe's objects
 
-v2 REST infer itself is KServe's own route; its error answers come from semserve/errors.py's table.
+Error answers on every route come from semserve/errors.py's table.
 """
 
 from semserve.v2.text_contract import (

@@ -78,8 +78,11 @@ class InferenceService:
             if codes is SERVER_ERROR:
                 raise  # KServe's interceptor logs it and answers INTERNAL
             # The error table's code and text; the field that was wrong travels beside them.
-            log.info("request_rejected", rpc="ModelInfer", status=codes.http_status,
-                     error=type(exc).__name__, detail=error_text(exc)[:200])
+            event = "request_not_ready" if codes.http_status == 503 else "request_rejected"
+            (log.info if codes.http_status == 503 else log.warning)(
+                event, rpc="ModelInfer", status=codes.http_status, error=type(exc).__name__,
+                detail=error_text(exc)[:200],
+            )
             field = error_field(exc)
             if field:
                 context.set_trailing_metadata(((ERROR_FIELD_METADATA, field),))
