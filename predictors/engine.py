@@ -95,6 +95,8 @@ class Engine:
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         # Before vLLM is imported: its settings and the engine process read these variables.
         caches = warm_start.use_cache_dirs()
+        # Read by vLLM when it builds the engine (CPU: a "uni" executor in place of "mp").
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.settings.inline_worker else "1"
         log.info("engine_compile_cache", warm=caches.warm, files=caches.files_before, **caches.log_fields())
         phases: dict[str, float] = {}
         from transformers import AutoTokenizer
@@ -118,8 +120,12 @@ class Engine:
             # vLLM's CuMem allocator, needed to move weights out and back; GPU builds only (the
             # predictor refuses the setting on CPU before it gets here: predictors/cli.py).
             enable_sleep_mode=self.settings.sleep_enabled,
+            kv_cache_memory_bytes=int(self.settings.kv_cache_gib * 2**30) or None,
         )
-        log.info("engine_starting", model=str(self.model_dir), gpu=gpu, memory_utilization=util)
+        log.info(
+            "engine_starting", model=str(self.model_dir), gpu=gpu, memory_utilization=util,
+            inline_worker=self.settings.inline_worker, kv_cache_gib=self.settings.kv_cache_gib,
+        )
         t = time.monotonic()
         self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model_dir))
         phases["tokenizer_s"] = time.monotonic() - t

@@ -1,0 +1,211 @@
+"""`semserve bench coldstart --variant NAME=FLAGS ...`: predictor start levers, each alone, in one run.
+
+Every start here is a warm one, on a private copy of a filled compile cache (`--cache-from`, by
+default `$SEMSERVE_CACHE_DIR`): vLLM's own server, our predictor with its defaults (the baseline),
+then each variant (the baseline plus that variant's flags), round after round. While a server is up
+it also gets, after its first answer:
+- a fixed prompt set at temperature 0 (`TEXT_PROMPTS`): its texts must equal the baseline's;
+- `semserve bench predictor`'s load at small settings (streamed chat, ignore_eos, fixed length):
+  tokens/s, compared with vLLM's own server's in the same round.
+
+The phases come from our `engine_ready` line and from vLLM's own log lines (VLLM_CONFIGURE_LOGGING=1
+for both servers): when each vLLM process logged first, weight loading, compiled-graph loading,
+the engine core's "init engine (profile, create kv cache, warmup model)".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import coldstart as cs
+from bench.predictor import _level
+
+TEXT_PROMPTS = [
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nExplain how a refrigerator works.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nWrite a haiku about autumn.<|im_end|>\n<|im_start|>assistant\n",
+    "The three primary colors are",
+]
+TEXT_TOKENS = 48
+LOAD = {"concurrency": 4, "requests": 16, "max_tokens": 32}
+
+# vLLM's own start lines -> a phase name (seconds, as vLLM reports them).
+VLLM_PHASES = [
+    (re.compile(r"Loading weights took ([\d.]+) seconds"), "vllm.load_weights_s"),
+    (re.compile(r"from the cache, took ([\d.]+) s"), "vllm.load_compiled_graphs_s"),
+    (re.compile(r"torch\.compile took ([\d.]+) s in total"), "vllm.torch_compile_s"),
+    (re.compile(r"Initial profiling/warmup run took ([\d.]+) s"), "vllm.profile_run_s"),
+    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+     "vllm.init_engine_s"),
+]
+VLLM_LINE = re.compile(r"\((\w+?)(?:_DP\d+)? pid=\d+\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+@dataclass
+class Trial:
+    name: str  # vllm | baseline | a variant's name
+    round: int
+    ready_s: float | None
+    ok: bool
+    texts: list[str] = field(default_factory=list)
+    tokens_per_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+
+def vllm_phases(log: Path, wall_start: float) -> dict[str, float]:
+    """vLLM's own phase lines, and seconds from process start to each vLLM process's first line
+    (`at.vllm.<process>`: 1 s resolution, vLLM logs whole seconds)."""
+    out: dict[str, float] = {}
+    year = datetime.fromtimestamp(wall_start).year
+    for line in log.read_text(errors="replace").splitlines():
+        m = VLLM_LINE.search(line)
+        if m:
+            at = datetime.strptime(f"{year}-{m.group(2)}", "%Y-%m-%d %H:%M:%S").timestamp() - wall_start
+            out.setdefault(f"at.vllm.{m.group(1)}", round(at, 1))
+        for pattern, name in VLLM_PHASES:
+            found = pattern.search(line)
+            if found:
+                out[name] = round(out.get(name, 0.0) + float(found.group(1)), 2)
+    return out
+
+
+def complete(url: str, prompt: str) -> str:
+    body = {"model": "llm", "prompt": prompt, "max_tokens": TEXT_TOKENS, "temperature": 0}
+    resp = httpx.post(url, json=body, timeout=300)
+    resp.raise_for_status()
+    return str(resp.json()["choices"][0]["text"])
+
+
+@dataclass
+class _Named:
+    name: str
+
+
+class Levers:
+    def __init__(self, bench: cs.Bench, args: Any) -> None:
+        self.bench, self.args = bench, args
+        self.variants: list[tuple[str, list[str]]] = []
+        for spec in args.variant:
+            name, _, flags = spec.partition("=")
+            self.variants.append((name, shlex.split(flags)))
+        self.trials: list[Trial] = []
+
+    def _caches(self) -> Path:
+        """A private copy of a filled compile cache, laid out as `_cache_env` expects."""
+        from predictors.warm_start import CACHE_VARS, cache_root
+
+        src = Path(self.args.cache_from) if self.args.cache_from else cache_root()
+        dst = self.bench.scratch / "caches"
+        for name, sub in CACHE_VARS.items():
+            if (src / sub).is_dir():
+                shutil.copytree(src / sub, dst / name.lower(), dirs_exist_ok=True)
+        return dst
+
+    def one(self, name: str, rnd: int, extra: list[str] | None, root: Path) -> Trial:
+        http, grpc = cs._free_port(), cs._free_port()
+        if extra is None:
+            cmd, ready, first = self.bench._vllm_cmd(http)
+            base = first.rsplit("/completions", 1)[0]
+        else:
+            cmd, ready, first = self.bench._predictor_cmd(http, grpc)
+            cmd += extra
+            base = first.rsplit("/completions", 1)[0]
+        env = {**cs._cache_env(root), "VLLM_CONFIGURE_LOGGING": "1"}
+        log = cs.LOG_DIR / f"lever-{name}-{rnd}.log"
+        run, started = cs._measure(name, "warm", cmd, ready, lambda: cs._first_token(first, "llm"),
+                                   log, env=env, keep=True)
+        trial = Trial(name, rnd, run.ready_s, run.ok, error=run.error)
+        if started is None:
+            trial.phases = run.phases
+            return trial
+        try:
+            trial.texts = [complete(first, p) for p in TEXT_PROMPTS]
+            result = asyncio.run(_level(_Named(name), f"{base}/chat/completions", "llm", **LOAD))
+            trial.tokens_per_s = result.tokens_per_s
+            print(f"    tokens/s {result.tokens_per_s:.1f} ({result.errors} errors)", flush=True)
+        except Exception as exc:
+            trial.ok, trial.error = False, str(exc)[:300]
+        finally:
+            cs._stop(started)
+        trial.phases = {**run.phases, **vllm_phases(log, started.wall_start)}
+        return trial
+
+    def run(self) -> int:
+        root = self._caches()
+        cs.LOG_DIR.mkdir(parents=True, exist_ok=True)
+        subjects: list[tuple[str, list[str] | None]] = [("vllm", None), ("baseline", [])]
+        subjects += [(n, f) for n, f in self.variants]
+        try:
+            for rnd in range(self.args.predictor_runs):
+                for name, extra in subjects:
+                    self.trials.append(self.one(name, rnd, extra, root))
+        finally:
+            shutil.rmtree(self.bench.scratch, ignore_errors=True)
+        print()
+        print(self.report())
+        return 0 if all(t.ok for t in self.trials) else 1
+
+    def report(self) -> str:
+        def med(values: Any) -> float | None:
+            vs = [v for v in values if v is not None]
+            return statistics.median(vs) if vs else None
+
+        by = {name: [t for t in self.trials if t.name == name and t.ok] for name in dict.fromkeys(
+            t.name for t in self.trials)}
+        vllm_ready = med(t.ready_s for t in by.get("vllm", []))
+        vllm_tps = med(t.tokens_per_s for t in by.get("vllm", []))
+        base_texts = next((t.texts for t in by.get("baseline", []) if t.texts), [])
+        rows = [
+            f"Levers ({time.strftime('%Y-%m-%d %H:%M')}, {cs._machine()}): warm starts, "
+            f"{self.args.predictor_runs} round(s); variants: "
+            + ", ".join(f"`{n}` = `{' '.join(f)}`" for n, f in self.variants),
+            "",
+            "| subject | runs | ready s (each) | / vLLM's | tokens/s | / vLLM's | text = baseline | "
+            "text = vLLM |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, group in by.items():
+            ready = med(t.ready_s for t in group)
+            tps = med(t.tokens_per_s for t in group)
+            each = ", ".join(f"{t.ready_s:.1f}" for t in group if t.ready_s is not None)
+            same_base = all(t.texts == base_texts for t in group) if base_texts else None
+            vllm_texts = next((t.texts for t in by.get("vllm", []) if t.texts), [])
+            same_vllm = all(t.texts == vllm_texts for t in group) if vllm_texts else None
+            rows.append(
+                f"| {name} | {len(group)} | {_f(ready)} ({each}) | {_ratio(ready, vllm_ready)} | "
+                f"{_f(tps)} | {_ratio(tps, vllm_tps)} | {_yn(same_base)} | {_yn(same_vllm)} |"
+            )
+        rows += ["", "| subject | phase | seconds (median) |", "| --- | --- | --- |"]
+        for name, group in by.items():
+            for phase in dict.fromkeys(p for t in group for p in t.phases):
+                if phase.startswith("at.") and not (phase.startswith("at.vllm.") or phase[3:] in
+                                                    cs.PHASE_EVENTS):
+                    continue
+                rows.append(f"| {name} | {phase} | {_f(med(t.phases.get(phase) for t in group))} |")
+        failed = [t for t in self.trials if not t.ok]
+        rows += [f"\nFailed: {t.name} round {t.round}: {t.error}" for t in failed]
+        return "\n".join(rows)
+
+
+def _f(v: float | None) -> str:
+    return f"{v:.2f}" if v is not None else "-"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def _yn(v: bool | None) -> str:
+    return "-" if v is None else ("yes" if v else "no")
