@@ -7,18 +7,16 @@ Nothing after the edge re-derives tenant, request id or protocol.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from kserve import InferRequest
-from kserve.errors import InvalidInput, ModelNotFound, ServerNotReady
 from pydantic import BaseModel
 
 from semserve import openai_routes, tracing
-from semserve.errors import ServingError
+from semserve.errors import codes_of, error_text
 from semserve.sampling import SamplingOptions
 from semserve.v2 import text_model
 from transformers_svc.auth import tenant_var
@@ -112,23 +110,6 @@ def ignore(_: RequestRecord) -> None:
     """The listener when nothing records requests."""
 
 
-def error_text(exc: BaseException) -> str:
-    """What the request log says about why a request failed."""
-    if isinstance(exc, ServingError):
-        return exc.message
-    return f"{type(exc).__name__}: {exc}"
-
-
 def status_of(exc: BaseException) -> int:
-    """The HTTP status a request ends with when its handling raised `exc`."""
-    if isinstance(exc, ServingError):
-        return exc.http_status
-    if isinstance(exc, InvalidInput):
-        return 400
-    if isinstance(exc, ModelNotFound):
-        return 404
-    if isinstance(exc, ServerNotReady):
-        return 503
-    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
-        return 499
-    return 500
+    """The HTTP status a request ends with when its handling raised `exc` (the error table's)."""
+    return codes_of(exc).http_status

@@ -7,6 +7,7 @@ from typing import Any
 
 from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER
 from kserve.errors import InferenceError, InvalidInput, ModelNotFound
+from kserve.model_repository import ModelRepository
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
@@ -24,7 +25,7 @@ class ReadinessDataPlane(DataPlane):
     async def ready(self) -> bool:
         if self._state.draining:
             return False
-        for model in self._model_registry.get_models().values():
+        for model in self.model_registry.get_models().values():
             if not await model.healthy():
                 return False
         return await super().ready()
@@ -57,13 +58,17 @@ class ServedModels(ModelRepositoryExtension):
     load is a no-op), and lets any client `unload` the served model, after which the pod stays ready
     while every request fails with 404."""
 
+    def __init__(self, model_registry: ModelRepository) -> None:
+        super().__init__(model_registry)
+        self.models = model_registry  # ours: the base class keeps it in a private field
+
     async def load(self, model_name: str) -> None:
-        if self._model_registry.get_model(model_name) is None:
+        if self.models.get_model(model_name) is None:
             raise ModelNotFound(model_name)
         await super().load(model_name)  # already loaded: 200, or 503 while the engine still starts
 
     async def unload(self, model_name: str) -> None:
-        if self._model_registry.get_model(model_name) is None:
+        if self.models.get_model(model_name) is None:
             raise ModelNotFound(model_name)
         raise InvalidInput(
             f"model control is disabled: this server serves {model_name!r} until it exits "

@@ -20,6 +20,7 @@ import kserve
 import uvicorn
 from fastapi import FastAPI
 from grpc import aio
+from kserve.errors import NoModelReady
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.rest.server import RESTServer
@@ -119,7 +120,7 @@ class SemserveModelServer(kserve.ModelServer):
 
     async def serve(self, models: list[Any]) -> None:
         self._models = models
-        self._register_and_check_atleast_one_model_is_ready(models)
+        self._register(models)
         app = self._build_app()
         # What exists by now (modules, models, the app) lives until exit. Kept out of the garbage
         # collector's full passes, one takes a few ms instead of ~150 ms (a pause that some
@@ -169,6 +170,22 @@ class SemserveModelServer(kserve.ModelServer):
             for task in (*tasks, everything, *watchers):
                 task.cancel()
             self._stop_models()
+
+    def _register(self, models: list[Any]) -> None:
+        """What KServe's ModelServer does with its models at start, through its public API: the
+        ready ones registered, each started (engine models' engines run as servers); none ready
+        is NoModelReady."""
+        ready = False
+        for model in models:
+            if model.ready:
+                ready = True
+                self.register_model(model)
+                model.enable_latency_logging = self.enable_latency_logging
+            model.start()
+            if model.engine:
+                self.servers.append(model.start_engine())
+        if models and not ready:
+            raise NoModelReady(models)
 
     async def _watch(self, model: Any) -> None:
         try:
