@@ -219,7 +219,7 @@ class OpenAIRouteSettings(Settings):
 
 @dataclasses.dataclass
 class ServerSettings(OpenAIRouteSettings):
-    """What every server of ours has (see semserve/serving/service.py). A service adds its own
+    """What every server of ours has (see semserve/serving/app_builder.py). A service adds its own
     settings and redeclares a field only for a default of its own (`redefault`)."""
 
     model_name: str = setting(

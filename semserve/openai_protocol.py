@@ -202,7 +202,7 @@ class ChatMessage(BaseModel):
 class ChatPrompt(_Encodable):
     """What shapes a chat prompt: the messages and the fields that the model's chat template takes.
     The OpenAI chat route reads it from the request; v2 clients send it as the JSON of the `chat`
-    input (semserve/v2.py), so that the predictor applies the chat template either way."""
+    input (semserve/v2/text_contract.py), so that the predictor applies the chat template either way."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,5 +1,5 @@
-"""Wire messages of semserve/oip: responses carry raw_output_contents as Triton sends them, and a
-reader of our responses gets back exactly what the model answered."""
+"""Wire messages of semserve/v2/grpc_tensors.py: responses carry raw_output_contents as Triton sends
+them, and a reader of our responses gets back exactly what the model answered."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from kserve import InferOutput, InferResponse
 from kserve.errors import InvalidInput
 
-from semserve.v2 import inference_pb2 as pb
 from semserve.v2 import grpc_tensors as tensors
+from semserve.v2 import inference_pb2 as pb
 
 
 def test_bytes_tensor_wire_format_is_length_prefixed() -> None:

@@ -12,9 +12,9 @@ import grpc
 import httpx
 import openai
 
-from semserve.v2 import inference_pb2 as pb
 from semserve.v2 import grpc_service as service
 from semserve.v2 import grpc_tensors as tensors
+from semserve.v2 import inference_pb2 as pb
 from tests.conftest import Predictor, Transformer
 
 SYSTEM = "You answer in one short sentence."

@@ -1,5 +1,6 @@
 """The kserve.Models both services build on: V2Model answers only the v2 protocol (predict checks it,
-subclasses answer `infer`), TextModel adds the v2 text contract (semserve/v2.py) in its metadata."""
+subclasses answer `infer`), TextModel adds the v2 text contract (semserve/v2/text_contract.py) in
+its metadata."""
 
 from __future__ import annotations
 
