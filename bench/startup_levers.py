@@ -209,3 +209,57 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def _yn(v: bool | None) -> str:
     return "-" if v is None else ("yes" if v else "no")
+
+
+# What the engine core in this very process would give (vLLM's LLMEngine with
+# VLLM_ENABLE_V1_MULTIPROCESSING=0: InprocClient, no engine-core or worker process). AsyncLLM has no
+# such mode in vLLM 0.32 ("Running EngineCore in asyncio without multiprocessing is not currently
+# supported"), so the predictor cannot use it as is; this measures the start it would have.
+INPROC_PROBE = """
+import os, sys, time
+t0 = float(sys.argv[2])
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from predictors.warm_start import use_cache_dirs
+use_cache_dirs()
+from vllm import SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.engine.llm_engine import LLMEngine
+t_import = time.time() - t0
+engine = LLMEngine.from_engine_args(EngineArgs(
+    model=sys.argv[1], served_model_name=["llm"], max_model_len=2048, max_num_seqs=64,
+    gpu_memory_utilization=0.25))
+t_engine = time.time() - t0
+engine.add_request("probe", {"prompt": sys.argv[3]}, SamplingParams(max_tokens=4, temperature=0))
+while not any(out.outputs[0].token_ids for out in engine.step()):
+    pass
+print(f"INPROC import {t_import:.2f} engine_ready {t_engine:.2f} first_token {time.time() - t0:.2f}")
+"""
+
+
+def inproc_probe(model_dir: Path, root: Path) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **cs._cache_env(root), "PYTHONUNBUFFERED": "1"}
+    out = subprocess.run([sys.executable, "-c", INPROC_PROBE, str(model_dir), str(time.time()),
+                          cs.PROMPT], cwd=cs.ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("INPROC")]
+    return lines[-1] if lines else f"failed ({out.returncode}): {out.stderr[-500:]}"
+
+
+if __name__ == "__main__":
+    # `python -m bench.startup_levers`: the in-process probe alone, on a copy of .cache/'s caches.
+    import tempfile
+    from types import SimpleNamespace
+
+    from semserve import model_prep
+
+    scratch = Path(tempfile.mkdtemp(prefix="semserve-inproc-"))
+    try:
+        bench = SimpleNamespace(scratch=scratch)
+        root = Levers(bench, SimpleNamespace(variant=[], cache_from=""))._caches()  # type: ignore[arg-type]
+        print(inproc_probe(model_prep.prepare().model_dir, root), flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
