@@ -1,12 +1,10 @@
-"""The transformer as KServe sees it: a kserve.Model whose predict answers v2 requests from the cache
-or forwards the misses to the predictor, and whose infer_stream does the same for ModelStreamInfer
-and the generate routes (hits replayed as pieces, misses streamed through).
-
-KServe runs preprocess -> predict -> postprocess and preprocess cannot end the chain, so the cache
-hit is decided in predict (see ../shared/reference/kserve.md).
+"""The transformer as KServe sees it, an adapter of the answer pipeline: a kserve.Model whose infer
+(v2 REST, gRPC ModelInfer, generate) and infer_stream (ModelStreamInfer, generate_stream) parse the
+v2 request, ask transformers_svc/answer_pipeline.py once per prompt of the batch, and render what
+comes back (with each prompt's cache_status). Nothing here decides about the cache.
 
 Each request's context (transformers_svc/request_context.py) is made here, once; how it ended goes
-to `on_outcome` (the request log, when one is configured).
+to the pipeline's `report` (metrics, the request log).
 """
 
 from __future__ import annotations

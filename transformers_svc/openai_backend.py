@@ -1,12 +1,10 @@
-"""OpenAI completions and chat through the cache. Misses go to the predictor over gRPC like every
-other miss (chats as the `chat` input: the predictor applies the chat template), so they work where
-only its gRPC port is routed (Knative). Streaming misses are streamed through as the predictor's
-pieces arrive, shared by identical concurrent misses, and stored only after a clean end; streaming
-hits are replayed as SSE chunks.
+"""OpenAI completions and chat, an adapter of the answer pipeline (transformers_svc/answer_pipeline.py):
+parse, build one AnswerRequest per prompt, call `answer` or `stream`, and format (cache headers,
+SSE chunks). Nothing here decides about the cache.
 
 Chat and completions differ only in their wire format: a formatter each (`ChatFormatter`,
 `CompletionFormatter`) turns answers and pieces into OpenAI's objects. Each request's context is
-made here, once; how it ended goes to `on_outcome` (the request log, when one is configured).
+made here, once; how it ended goes to the pipeline's `report` (metrics, the request log).
 """
 
 from __future__ import annotations
