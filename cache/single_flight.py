@@ -85,8 +85,19 @@ class Broadcast(Generic[T]):
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def listen(self) -> AsyncIterator[T]:
+    def listen(self) -> AsyncIterator[T]:
+        """The stream from its start. The listener counts from this call, not from its first read:
+        a listener that has not read yet keeps the generation alive for itself."""
         self.listeners += 1
+        return self._listen()
+
+    def abandon(self) -> None:
+        """Stop a generation nobody listens to (e.g. a speculation its lookup did not need); one
+        with listeners, or whose answer is being completed, runs on."""
+        if self.listeners == 0 and not self.done and not self._completing:
+            self._task.cancel()
+
+    async def _listen(self) -> AsyncIterator[T]:
         seen = 0
         try:
             while True:
@@ -126,10 +137,34 @@ class SingleFlight(Generic[T]):
         if broadcast is not None and broadcast.error is None:
             self.joined += 1
             return broadcast.listen(), False
+        broadcast = self.start(key, start, on_complete, is_last)
+        return broadcast.listen(), True
+
+    def running(self, key: str) -> bool:
+        """Whether a generation of `key` runs that a request could join."""
+        broadcast = self._running.get(key)
+        return broadcast is not None and broadcast.error is None
+
+    def start(
+        self,
+        key: str,
+        start: Callable[[], AsyncIterator[T]],
+        on_complete: Callable[[list[T]], Awaitable[None]],
+        is_last: Callable[[T], bool] = lambda _: False,
+    ) -> Broadcast[T]:
+        """Start a generation of `key` with nobody listening yet (its starter listens, or abandons
+        it, once it knows whether it needs it); requests of `key` meanwhile join it."""
         self.started += 1
         broadcast = Broadcast(start(), on_complete, lambda: self._forget(key, broadcast), is_last)
         self._running[key] = broadcast
-        return broadcast.listen(), True
+        return broadcast
+
+    def abandon(self, key: str, broadcast: Broadcast[T]) -> None:
+        """Give up a generation started with `start`: it stops unless somebody listens to it, and
+        no request joins it from now on."""
+        broadcast.abandon()
+        if broadcast.listeners == 0:
+            self._forget(key, broadcast)
 
     def _forget(self, key: str, broadcast: Broadcast[T]) -> None:
         if self._running.get(key) is broadcast:

@@ -125,3 +125,35 @@ async def test_leaving_after_the_last_item_does_not_cancel_and_the_answer_is_sto
     await source.gate.put(None)  # the source closes a moment after its last item
     await asyncio.sleep(0.01)
     assert not source.cancelled and stored == [["a", "end"]]
+
+
+async def test_a_started_generation_nobody_listens_to_is_abandoned_unstored_and_forgotten() -> None:
+    shared: SingleFlight[str] = SingleFlight()
+    source = Source()
+    stored: list[list[str]] = []
+
+    async def store(items: list[str]) -> None:
+        stored.append(items)
+
+    broadcast = shared.start("k", source.start, store)
+    assert shared.running("k")
+    await source.gate.put("a")
+    await asyncio.sleep(0.01)
+    shared.abandon("k", broadcast)
+    await asyncio.sleep(0.01)
+    assert source.cancelled and stored == [] and not shared.running("k")
+    again, started = shared.listen("k", source.start, store)
+    assert started and source.starts == 2
+    await again.aclose()  # type: ignore[attr-defined]
+
+
+async def test_an_abandoned_generation_runs_on_for_a_listener_that_has_not_read_yet() -> None:
+    shared: SingleFlight[str] = SingleFlight()
+    source = Source()
+    broadcast = shared.start("k", source.start, _nothing)
+    follower, started = shared.listen("k", source.start, _nothing)
+    assert not started
+    shared.abandon("k", broadcast)  # the follower joined before its first read: it counts
+    for item in ("a", "b", None):
+        await source.gate.put(item)
+    assert await _collect(follower) == ["a", "b"] and not source.cancelled and source.starts == 1
