@@ -1,5 +1,5 @@
 """cache/embed_batcher.py with a stand-in forward (a real thread, no model): who goes in which batch,
-cancelled callers, errors."""
+cancelled callers, errors; and on the lookup path with the real embedder and Redis."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from cache.embed_batcher import ForwardBatcher
+from cache.settings import CacheSettings
+from cache.store import EntryStore
 
 
 class GatedForward:
@@ -98,3 +100,30 @@ async def test_an_error_reaches_its_batch_and_the_next_batch_runs(forward: Gated
         assert b.batches == 1  # only forwards that returned count
     finally:
         b.close()
+
+
+async def test_concurrent_lookups_batch_their_embeddings(store: EntryStore,
+                                                         cache_settings: CacheSettings) -> None:
+    """The transformer's lookup path with the real embedder and Redis: 32 lookups at once (misses on
+    an empty index, so each one embeds) share a few forward passes instead of running 32 (issue 26:
+    concurrent semantic hits)."""
+    from cache.embedder import Embedder
+    from cache.semantic_cache import SemanticCache
+    from cache.settings import EmbedderSettings
+    from cache.verify import RuleVerifier
+    from tests.cache.conftest import chat
+
+    embedder = Embedder(EmbedderSettings(lru_size=0))
+    try:
+        cache = SemanticCache(store, embedder, RuleVerifier(), cache_settings)
+        lone = await cache.lookup(chat("how do I reset my password, attempt 0"))
+        assert lone.status == "miss" and (embedder.batches, embedder.batched_texts) == (1, 1)
+        prompts = [f"how do I reset my password, attempt {i}" for i in range(1, 33)]
+        results = await asyncio.gather(*(cache.lookup(chat(p)) for p in prompts))
+        assert [r.status for r in results] == ["miss"] * 32
+        assert embedder.batched_texts == 33  # every prompt embedded once
+        # Each lookup reaches the embedder when its exact read answers, so the first forward may
+        # start with few texts; the rest pile up behind it. Unbatched, it would be 32 forwards.
+        assert embedder.batches - 1 <= 8, f"32 concurrent lookups took {embedder.batches - 1} forwards"
+    finally:
+        await embedder.aclose()
