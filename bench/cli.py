@@ -118,7 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a bare KServe server and vLLM's own server",
     )
     coldstart.add_arguments(cold)
-    cold.set_defaults(func=_main_of("coldstart"))
+    cold.set_defaults(func=_main_of("startup_levers"))  # the levers with --variant, else coldstart
 
     from bench import scale
 

@@ -444,7 +444,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a running predictor's gRPC address for the transformer's one seeding miss "
                         "(default: the last predictor run, or one started for it)")
     parser.add_argument("--output", default=None, help="append the markdown tables to this file")
-    # Start levers (bench/startup_levers.py): warm starts only, vLLM's server vs ours vs variants.
+    # Start levers (bench/startup_levers.py, which `semserve bench coldstart` runs when --variant is
+    # given): warm starts only, vLLM's server vs ours vs variants.
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="a predictor variant: the baseline plus FLAGS (repeatable); measures warm "
                         "starts, texts at temperature 0 and tokens/s against vLLM's own server")
@@ -455,8 +456,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     args.predictor_runs = args.predictor_runs or args.runs
-    if args.variant:
-        from bench.startup_levers import Levers
-
-        return Levers(Bench(args), args).run()
     return Bench(args).run()

@@ -211,6 +211,14 @@ def _yn(v: bool | None) -> str:
     return "-" if v is None else ("yes" if v else "no")
 
 
+def main(args: Any) -> int:
+    """`semserve bench coldstart`: the levers with --variant, else the cold/warm start bench."""
+    args.predictor_runs = args.predictor_runs or args.runs
+    if args.variant:
+        return Levers(cs.Bench(args), args).run()
+    return cs.Bench(args).run()
+
+
 # What the engine core in this very process would give (vLLM's LLMEngine with
 # VLLM_ENABLE_V1_MULTIPROCESSING=0: InprocClient, no engine-core or worker process). AsyncLLM has no
 # such mode in vLLM 0.32 ("Running EngineCore in asyncio without multiprocessing is not currently
