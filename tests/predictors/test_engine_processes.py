@@ -6,11 +6,14 @@ the suite's predictor, whatever its setting says in its log."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from urllib.parse import urlparse
 
 import psutil
 
 from tests.conftest import Predictor
+from tests.support import ROOT, free_port
 
 
 def _engine_starting(predictor: Predictor) -> dict[str, object]:
@@ -39,3 +42,14 @@ def test_engine_processes_follow_the_inline_worker_setting(predictor: Predictor)
     workers = [t for t in titles if t.startswith("VLLM::Worker")]
     assert len(cores) == 1, titles
     assert len(workers) == (0 if starting["inline_worker"] else 1), titles
+
+
+def test_a_negative_kv_cache_size_is_refused_before_the_engine_loads() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "semserve", "predictor", "--http-port", str(free_port()),
+         "--grpc-port", "0", "--kv-cache-gib", "-1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = out.stdout + out.stderr
+    assert out.returncode != 0 and "kv_cache_gib -1.0: must be >= 0" in output, output
+    assert "engine_starting" not in output, output
