@@ -51,7 +51,7 @@ prometheus-tools:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	fi
 
-# Debian's nginx: the load balancer of `semserve up --transformers N` and tests/test_replicas.py.
+# Debian's nginx: the load balancer of `semserve up --transformers N` and tests/transformers_svc/test_replicas.py.
 nginx:
 	@if ! command -v nginx >/dev/null && ! test -x /usr/sbin/nginx; then \
 	  echo "==> installing Debian's nginx (load balancer for transformer replicas)"; \

@@ -83,10 +83,10 @@ def predictor() -> Iterator[Predictor]:
             "--grpc-port", str(grpc_port),
             "--max-body-bytes", str(256 * 1024),
             "--grace-period-s", "60",
-            # Spans kept in process and readable at /debug/spans (tests/test_tracing.py). Ratio 0:
+            # Spans kept in process and readable at /debug/spans (tests/semserve/test_tracing.py). Ratio 0:
             # only requests whose caller sampled a trace record, so other tests pay nothing.
             "--trace-exporter", "memory", "--trace-sample-ratio", "0",
-            # Reported with every answer (tests/test_model_revision.py); transformers without a
+            # Reported with every answer (tests/predictors/test_model_revision.py); transformers without a
             # --model-revision of their own cache it as before.
             "--model-revision", PREDICTOR_REVISION,
         ],

@@ -1,7 +1,7 @@
 """`semserve settings`: every setting of every service as the README's markdown tables.
 
 The README's tables are this command's output, so flags, env vars and docs cannot drift apart
-(tests/test_settings.py checks it).
+(tests/semserve/test_settings.py checks it).
 """
 
 from __future__ import annotations

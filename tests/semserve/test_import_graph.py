@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cache", "semserve", "transformers_svc", "predictors", "serverless", "bench")
 SERVICES = ("transformers_svc", "predictors")
 # What each package may import of the others (the house rule; its own modules always).

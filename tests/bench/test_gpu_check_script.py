@@ -7,7 +7,7 @@ from pathlib import Path
 
 from semserve.cli import build_parser
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu-check.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu-check.sh"
 
 
 def test_script_is_valid_bash() -> None:

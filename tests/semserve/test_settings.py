@@ -9,7 +9,7 @@ import pytest
 
 from predictors.config import PredictorSettings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse(argv: list[str]) -> PredictorSettings:

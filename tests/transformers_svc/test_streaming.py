@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import FRANCE, Predictor, Transformer, start_transformer
 from tests.support import TcpProxy, metric_value
 
-CLIENT = Path(__file__).parent / "clients" / "triton_check.py"
+CLIENT = Path(__file__).resolve().parents[1] / "clients" / "triton_check.py"
 GENERATIONS = "semserve_predictor_generations_total"
 ABORTED = "semserve_predictor_requests_aborted_total"
 SYSTEM = "You answer in one short sentence."

@@ -5,7 +5,7 @@ over real sockets to the running predictor (vLLM) and transformer (Redis cache i
 
 Fails on any 5xx, on an answer (a stream included) that takes longer than RESPONSE_BOUND_S, on a
 connection error, and on a server that is no longer alive and answering afterwards or whose memory grew
-past a bound. tests/test_hostile_input.py covers the same ground with hand-written strategies; this
+past a bound. tests/semserve/test_hostile_input.py covers the same ground with hand-written strategies; this
 file covers what the documents say the services accept, operation by operation.
 
 The same cases every run: a fixed seed and derandomized generation, no example database on disk.

@@ -264,7 +264,7 @@ def test_ttl_expiry_and_eviction_cap(predictor: Predictor, redis_url: str) -> No
 
 
 def test_control_characters_in_request_id_do_not_break_the_upstream_call(transformer: Transformer) -> None:
-    # Found by tests/test_hostile_input.py: a v2 body's `id` may hold any text, but gRPC metadata
+    # Found by tests/semserve/test_hostile_input.py: a v2 body's `id` may hold any text, but gRPC metadata
     # and HTTP headers may not; the forwarded id is cleaned, the request still answered.
     body = {
         "id": "\x1fweird\nid",
