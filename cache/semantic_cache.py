@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -183,10 +184,15 @@ class SemanticCache:
         )
         return res
 
-    async def lookup(self, req: CacheRequest) -> LookupResult:
+    async def lookup(
+        self, req: CacheRequest, on_exact_miss: Callable[[], None] | None = None
+    ) -> LookupResult:
+        """The answer to serve for `req`, if any. `on_exact_miss` is called once the exact read has
+        missed, before the embedding: the caller may start work that only a miss needs (the
+        pipeline's speculative predictor stream) while the semantic part runs."""
         req = self._scoped(req)
         with tracing.span("semserve.cache.lookup", semserve__cache__kind=req.kind) as span:
-            res = await self._traced_lookup(req)
+            res = await self._traced_lookup(req, on_exact_miss)
             if span.is_recording():
                 span.set_attributes(tracing.clean_attributes({
                     "semserve.cache.status": res.status,
@@ -203,7 +209,9 @@ class SemanticCache:
                     tracing.fail(span, res.error or "error")
             return res
 
-    async def _traced_lookup(self, req: CacheRequest) -> LookupResult:
+    async def _traced_lookup(
+        self, req: CacheRequest, on_exact_miss: Callable[[], None] | None
+    ) -> LookupResult:
         t0 = time.perf_counter()
         if self._skip(req):
             return self._finish(LookupResult("bypass"), t0)
@@ -212,7 +220,7 @@ class SemanticCache:
         res = LookupResult("miss")
         phase = _Phase()
         try:
-            await self._lookup(req, res, phase)
+            await self._lookup(req, res, phase, on_exact_miss)
         except TimeoutError:
             self.counters.timeouts += 1
             res = LookupResult("error", timings=res.timings, error=f"timeout in {phase.name}")
@@ -235,7 +243,9 @@ class SemanticCache:
             self._fail("internal", e, per_message=True)
         return self._finish(res, t0)
 
-    async def _lookup(self, req: CacheRequest, res: LookupResult, phase: _Phase) -> None:
+    async def _lookup(
+        self, req: CacheRequest, res: LookupResult, phase: _Phase, on_exact_miss: Callable[[], None] | None
+    ) -> None:
         t = time.perf_counter()
         phase.name = "exact"
         # The KNN gets the tight budget (a slow Redis must cost only milliseconds); the embedding
@@ -265,6 +275,8 @@ class SemanticCache:
                 res.status, res.answer, res.similarity = "exact", hit.answer, 1.0
                 res.entry_id, res.cached_prompt = hit.entry_id, hit.prompt
                 return
+            if on_exact_miss is not None:
+                on_exact_miss()
 
             t = time.perf_counter()
             phase.name = "embed"

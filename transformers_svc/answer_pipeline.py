@@ -15,6 +15,12 @@ Read-your-writes: a generation's last piece reaches its listeners only after the
 and the lease released (Broadcast's `on_complete`), so no response (nor a stream's final chunk)
 ends before a request through any replica can read the answer.
 
+Speculation (streamed requests, --speculate): when the exact lookup misses and the predictor is
+warm (it answered within --speculate-warm-window-s, so a hit never wakes one at zero), the key's
+generation starts at once, while the embedding, KNN and verifier run. A miss listens to it (the
+stream a miss would have started, only earlier); a semantic hit abandons it: it is cancelled (the
+predictor aborts) unless identical requests joined it, and only a wanted generation is stored.
+
 Answers the predictor reports as another model revision's than this transformer's
 --expected-model-revision (a canary: the stable transformer's misses reach both predictor
 revisions) are served but not stored; a predictor that reports no revision is taken at its word.
@@ -23,6 +29,7 @@ revisions) are served but not stored; a predictor that reports no revision is ta
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -33,7 +40,7 @@ from cache.keys import CacheRequest, Kind, SamplingKey
 from cache.lease import Claim
 from cache.lookup_result import LookupResult
 from cache.semantic_cache import SemanticCache
-from cache.single_flight import SingleFlight
+from cache.single_flight import Broadcast, SingleFlight
 from semserve import tracing
 from semserve.answer import Answer, Piece, answer_of, replay, whole_piece
 from semserve.logs import get_logger
@@ -106,6 +113,8 @@ class AnswerStream:
 class Generator(Protocol):
     """The predictor as the pipeline uses it (transformers_svc/predictor_client.py)."""
 
+    last_answered: float | None  # time.monotonic() of its last answer; None: none yet
+
     async def generate(self, prompt: Prompt, options: SamplingOptions, request_id: str) -> Piece: ...
 
     def stream(self, prompt: Prompt, options: SamplingOptions, request_id: str) -> AsyncIterator[Piece]: ...
@@ -129,6 +138,10 @@ class AnswerPipeline:
         self.model = settings.model_name
         self.flights: SingleFlight[Piece] = SingleFlight()
         self.on_outcome: Listener = ignore
+        # Speculation's series exist from the start, at 0: a dashboard shows none wasted, not no data.
+        for outcome in ("used", "cancelled"):
+            metrics.SPECULATIONS.labels(self.model, outcome)
+        metrics.SPECULATION_CANCELLED_TOKENS.labels(self.model)
 
     # -- the decision -------------------------------------------------------------------------------
 
@@ -167,10 +180,12 @@ class AnswerPipeline:
             return self.key(request.context, "chat", prompt.last_text, prompt.context())
         return self.key(request.context, request.kind, prompt)
 
-    async def lookup(self, req: CacheRequest, mode: CacheMode) -> LookupResult | None:
+    async def lookup(
+        self, req: CacheRequest, mode: CacheMode, on_exact_miss: Callable[[], None] | None = None
+    ) -> LookupResult | None:
         if self.cache is None or not mode.read:
             return None
-        res = await self.cache.lookup(req)
+        res = await self.cache.lookup(req, on_exact_miss)
         metrics.LOOKUPS.labels(self.model, res.status).inc()
         metrics.LOOKUP_SECONDS.labels(self.model).observe(res.timings.get("total", 0.0) / 1000)
         if "embed" in res.timings:
@@ -228,9 +243,17 @@ class AnswerPipeline:
         if self.cache is None or not mode.used:
             metrics.LOOKUPS.labels(self.model, "bypass").inc()
             return AnswerStream("bypass", None, self._source(request, streamed)())
-        res = await self.lookup(key, mode)
+        speculation = self._speculation(request, key, mode) if streamed else None
+        try:
+            res = await self.lookup(key, mode, speculation.start if speculation is not None else None)
+        except BaseException:
+            if speculation is not None:
+                speculation.abandon()
+            raise
         cached = hit_answer(res)
         if res is not None and cached is not None:
+            if speculation is not None:
+                speculation.abandon()
             pieces = replay(cached) if streamed else [whole_piece(cached)]
             return AnswerStream(res.status, res.similarity, _listed(pieces))  # type: ignore[arg-type]
         if res is None:
@@ -240,11 +263,12 @@ class AnswerPipeline:
         flight = self.cache.flight_key(key)
         if flight is None:  # shares nothing (e.g. an empty prompt)
             return AnswerStream(status, similarity, self._source(request, streamed)())
-        generation = _Generation(self, key, mode, res.vector if res is not None else None,
-                                 self._source(request, streamed))  # fmt: skip
-        pieces, led = self.flights.listen(
-            flight, generation.pieces, generation.complete, lambda p: p.finish_reason is not None
-        )
+        vector = res.vector if res is not None else None
+        if speculation is not None and speculation.generation is not None:
+            generation, pieces, led = speculation.generation, speculation.use(vector), True
+        else:
+            generation = _Generation(self, key, mode, vector, self._source(request, streamed))
+            pieces, led = self.flights.listen(flight, generation.pieces, generation.complete, _is_last)
         if not led:
             self.cache.counters.singleflight_joined += 1
             metrics.PREDICTOR_CALLS_SAVED.labels(self.model).inc()
@@ -258,6 +282,19 @@ class AnswerPipeline:
         if by_peer:
             metrics.PREDICTOR_CALLS_SAVED.labels(self.model).inc()
         return AnswerStream("shared" if by_peer else status, similarity, pieces)
+
+    def _speculation(self, request: AnswerRequest, key: CacheRequest, mode: CacheMode) -> _Speculation | None:
+        """A speculation for this streamed request, to start on an exact miss; None when it may not
+        speculate (off, no cache read, nothing to share, or a predictor not known to be warm)."""
+        if not self.settings.speculate or self.cache is None or not mode.read:
+            return None
+        last = self.predictor.last_answered
+        if last is None or time.monotonic() - last > self.settings.speculate_warm_window_s:
+            return None
+        flight = self.cache.flight_key(key)
+        if flight is None:
+            return None
+        return _Speculation(self, flight, key, mode, self._source(request, streamed=True))
 
     def _source(self, request: AnswerRequest, streamed: bool) -> Callable[[], AsyncIterator[Piece]]:
         ctx = request.context
@@ -293,6 +330,55 @@ class AnswerPipeline:
         self.on_outcome(record)
 
 
+def _is_last(piece: Piece) -> bool:
+    return piece.finish_reason is not None
+
+
+class _Speculation:
+    """A request's generation started on its exact miss, before its semantic lookup decided: the
+    request listens to it on a miss (`use`) or gives it up on a hit (`abandon`)."""
+
+    def __init__(
+        self,
+        pipeline: AnswerPipeline,
+        flight: str,
+        key: CacheRequest,
+        mode: CacheMode,
+        source: Callable[[], AsyncIterator[Piece]],
+    ) -> None:
+        self.pipeline, self.flight, self.key, self.mode, self.source = pipeline, flight, key, mode, source
+        self.generation: _Generation | None = None
+        self.broadcast: Broadcast[Piece] | None = None
+
+    def start(self) -> None:
+        """On the exact miss: start the key's generation, unless one runs already (the request then
+        joins it after its lookup, as without speculation)."""
+        flights = self.pipeline.flights
+        if flights.running(self.flight):
+            return
+        self.generation = _Generation(self.pipeline, self.key, self.mode, None, self.source, speculative=True)
+        generation = self.generation
+        self.broadcast = flights.start(self.flight, generation.pieces, generation.complete, _is_last)
+
+    def use(self, vector: np.ndarray | None) -> AsyncIterator[Piece]:
+        """The lookup missed: this is the request's generation (and its answer is stored)."""
+        assert self.generation is not None and self.broadcast is not None
+        self.generation.vector = vector
+        self.generation.want(True)
+        metrics.SPECULATIONS.labels(self.pipeline.model, "used").inc()
+        return self.broadcast.listen()
+
+    def abandon(self) -> None:
+        """The lookup hit (or failed by raising): stop the generation unless identical requests,
+        which joined it after their own misses, listen to it."""
+        if self.generation is None or self.broadcast is None:
+            return
+        wanted = self.broadcast.listeners > 0
+        self.generation.want(wanted)
+        metrics.SPECULATIONS.labels(self.pipeline.model, "used" if wanted else "cancelled").inc()
+        self.pipeline.flights.abandon(self.flight, self.broadcast)
+
+
 class _Generation:
     """One generation of a key in this process: its source, its lease across replicas, and the
     store of its answer (`complete`, run by the Broadcast before the last piece goes out)."""
@@ -304,15 +390,30 @@ class _Generation:
         mode: CacheMode,
         vector: np.ndarray | None,
         produce: Callable[[], AsyncIterator[Piece]],
+        speculative: bool = False,
     ) -> None:
         assert pipeline.cache is not None
         self.cache = pipeline.cache
+        self.model = pipeline.model
         self.storable = pipeline.storable
         self.key, self.mode, self.vector, self.produce = key, mode, vector, produce
         self.claim = Claim("alone")
         # Whether a peer replica's stored answer is this generation's (known once the lease is).
         self.by_peer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.by_peer.add_done_callback(lambda f: f.cancelled() or f.exception())
+        # Whether a request needs this generation: a speculation's is known once its lookup decided;
+        # one that is not needed is never stored.
+        self.wanted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if not speculative:
+            self.wanted.set_result(True)
+        self.tokens = 0  # generated so far
+
+    def want(self, wanted: bool) -> None:
+        if not self.wanted.done():
+            self.wanted.set_result(wanted)
+
+    def _unwanted(self) -> bool:
+        return self.wanted.done() and not self.wanted.result()
 
     def _decided(self, by_peer: bool) -> None:
         if not self.by_peer.done():
@@ -338,8 +439,11 @@ class _Generation:
         try:
             async for piece in self.produce():
                 finished = finished or piece.finish_reason is not None
+                self.tokens = piece.completion_tokens
                 yield piece
         finally:
+            if self._unwanted():
+                metrics.SPECULATION_CANCELLED_TOKENS.labels(self.model).inc(self.tokens)
             if not finished:
                 await self.claim.release(False)  # cut short: one waiting replica takes over
 
@@ -348,7 +452,8 @@ class _Generation:
             return  # a peer's answer: stored already
         answer = answer_of(pieces)
         stored = False
-        if self.mode.write and self.storable(answer):
+        # A speculation that ran to its end before its lookup decided waits for the decision.
+        if await self.wanted and self.mode.write and self.storable(answer):
             stored = await self.cache.store(self.key, answer, self.vector)
         await self.claim.release(stored)
 

@@ -54,6 +54,18 @@ PREDICTOR_CALLS = Counter(
     "Calls to the predictor by protocol and outcome.",
     ("model_name", "protocol", "outcome"),
 )
+SPECULATIONS = Counter(
+    "semserve_speculation_total",
+    "Predictor streams started on an exact miss, before the semantic lookup decided, by outcome "
+    "(used: the lookup missed and the stream was the answer; cancelled: a semantic hit, the stream "
+    "was aborted and never stored).",
+    ("model_name", "outcome"),
+)
+SPECULATION_CANCELLED_TOKENS = Counter(
+    "semserve_speculation_cancelled_tokens_total",
+    "Tokens the predictor generated for speculations that a semantic hit cancelled (wasted work).",
+    ("model_name",),
+)
 REQUEST_SECONDS = Histogram(
     "semserve_transformer_request_duration_seconds",
     "Time to answer a request, by protocol and cache result.",

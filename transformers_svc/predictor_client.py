@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -55,6 +56,9 @@ class PredictorClient:
         self.settings = settings
         self.model = settings.model_name
         self._channel: grpc.aio.Channel | None = None
+        # When the predictor last answered (time.monotonic()), None before its first answer: a
+        # predictor that answered recently is up, so speculating on it wakes nothing.
+        self.last_answered: float | None = None
 
     def _call(self, method: str, *, stream: bool) -> Any:
         if self._channel is None:
@@ -170,6 +174,7 @@ class PredictorClient:
         finally:
             span.end()
         metrics.PREDICTOR_CALLS.labels(model, "grpc", "ok").inc()
+        self.last_answered = time.monotonic()
         return result
 
     async def stream(self, prompt: Prompt, options: SamplingOptions, request_id: str) -> AsyncIterator[Piece]:
@@ -198,6 +203,7 @@ class PredictorClient:
                     ))
                     if piece.text or piece.finish_reason:
                         pieces += 1
+                        self.last_answered = time.monotonic()
                         yield piece
                 if not finished:
                     raise Unavailable("the predictor's stream ended before its final response")

@@ -6,13 +6,16 @@ and one generation across two replicas through the lease."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+
+from prometheus_client import REGISTRY
 
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
 from cache.store import EntryStore
-from semserve.answer import Piece
+from semserve.answer import Answer, Piece
 from semserve.sampling import SamplingOptions
 from semserve.tooling.local_redis import RedisServer
 from tests.cache.conftest import make_settings
@@ -30,6 +33,7 @@ class CountingGenerator:
     def __init__(self, make: Callable[[int], Awaitable[str]]) -> None:
         self.make = make
         self.calls = 0
+        self.last_answered: float | None = None  # never answered: the pipeline does not speculate
 
     async def generate(self, prompt: object, options: SamplingOptions, request_id: str) -> Piece:
         self.calls += 1
@@ -160,3 +164,74 @@ async def test_two_replicas_on_one_redis_generate_once(redis_server: RedisServer
     assert calls == 1 and texts == ["Paris.", "Paris."] and statuses == ["miss", "shared"]
     calls, _, statuses = await run(lease=False)
     assert calls == 2 and statuses == ["miss", "miss"]
+
+
+def speculations(p: AnswerPipeline, outcome: str) -> float:
+    return (
+        REGISTRY.get_sample_value("semserve_speculation_total", {"model_name": p.model, "outcome": outcome})
+        or 0.0
+    )
+
+
+async def test_a_speculation_is_the_one_generation_of_a_streamed_burst(cache: SemanticCache) -> None:
+    async def slow(_: int) -> str:
+        await asyncio.sleep(0.2)
+        return "Paris"
+
+    gen = CountingGenerator(slow)
+    gen.last_answered = time.monotonic()  # warm
+    p = pipeline(cache, gen)
+    used = speculations(p, "used")
+
+    async def streamed() -> tuple[str, str]:
+        s = await p.stream(ask("capital, speculated burst"))
+        return s.status, "".join([piece.text async for piece in s])
+
+    results = await asyncio.gather(*(streamed() for _ in range(5)))
+    assert gen.calls == 1 and [r[1] for r in results] == ["Paris"] * 5
+    assert sorted(r[0] for r in results) == ["miss"] + ["shared"] * 4
+    assert speculations(p, "used") == used + 1
+    assert (await p.answer(ask("capital, speculated burst"))).status == "exact"
+
+
+class HangingGenerator(CountingGenerator):
+    """Streams one token, then waits to be cancelled (and says it was)."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda _: asyncio.sleep(0, "Paris"))
+        self.last_answered = time.monotonic()  # warm
+        self.cancelled = False
+
+    async def stream(self, prompt: object, options: SamplingOptions, request_id: str) -> AsyncIterator[Piece]:
+        self.calls += 1
+        yield Piece("Paris", None, 1, 5)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        yield Piece("", "stop", 2, 5)
+
+
+async def test_a_semantic_hit_cancels_the_speculation_counts_its_tokens_and_stores_nothing(
+    store: EntryStore, cache_settings: CacheSettings
+) -> None:
+    # A slow embedding: the speculation has streamed its first token when the hit is decided.
+    cache = SemanticCache(
+        store, HashingEmbedderDouble(delay_s=0.2), ThresholdVerifierDouble(), cache_settings
+    )
+    gen = HangingGenerator()
+    p = pipeline(cache, gen)
+    stored, paraphrase = "what is the capital of spain", "what is the capital of spain please"
+    assert await cache.store(p.key(ask().context, "completion", stored), Answer("Madrid.", "stop", 2, 5))
+    cancelled, tokens = speculations(p, "cancelled"), REGISTRY.get_sample_value(
+        "semserve_speculation_cancelled_tokens_total", {"model_name": p.model}) or 0.0  # fmt: skip
+    s = await p.stream(ask(paraphrase))
+    assert s.status == "semantic" and "".join([piece.text async for piece in s]) == "Madrid."
+    await asyncio.sleep(0.05)
+    assert gen.calls == 1 and gen.cancelled and not len(p.flights)
+    assert speculations(p, "cancelled") == cancelled + 1
+    assert REGISTRY.get_sample_value(
+        "semserve_speculation_cancelled_tokens_total", {"model_name": p.model}) == tokens + 1  # fmt: skip
+    # Nothing of the cancelled stream was stored under the paraphrase's key.
+    assert (await cache.lookup(p.key(ask().context, "completion", paraphrase))).status == "semantic"
