@@ -13,6 +13,16 @@ MODEL = "llm"
 
 
 @dataclass(frozen=True)
+
+def cache_status(r: httpx.Response) -> str:
+    """A v2 answer's cache status (`direct`: the predictor's, which has none); raises on an error."""
+    if r.status_code != 200:
+        raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+    for out in r.json()["outputs"]:
+        if out["name"] == "cache_status":
+            return str(out["data"][0])
+    return "direct"
+
 class Target:
     name: str  # "transformer" | "predictor"
     http: str  # base URL
@@ -63,14 +73,8 @@ class Clients:
                 "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
                 "parameters": {"max_tokens": self.max_tokens, "temperature": 0},
             }
-            r = await self.http.post(f"{target.http}/v2/models/{MODEL}/infer", json=body,
-                                     headers=headers or {})
-            if r.status_code != 200:
-                raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-            for out in r.json()["outputs"]:
-                if out["name"] == "cache_status":
-                    return str(out["data"][0])
-            return "direct"
+            return cache_status(await self.http.post(f"{target.http}/v2/models/{MODEL}/infer",
+                                                     json=body, headers=headers or {}))
         pb = self.pb
         req = pb.ModelInferRequest(
             model_name=MODEL,

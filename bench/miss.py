@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.cache_clients import MODEL
+from bench.cache_clients import MODEL, cache_status
 from bench.cache_e2e import miss_prompts
 from bench.predictor import _free_port, _machine, _percentile
 from bench.procs import LOG_DIR, Proc
@@ -75,13 +75,7 @@ async def call(http: httpx.AsyncClient, base: str, protocol: str, prompt: str, m
             "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
             "parameters": {"max_tokens": max_tokens, "temperature": 0},
         }
-        r = await http.post(f"{base}/v2/models/{MODEL}/infer", json=body)
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-        for out in r.json()["outputs"]:
-            if out["name"] == "cache_status":
-                return str(out["data"][0])
-        return "direct"
+        return cache_status(await http.post(f"{base}/v2/models/{MODEL}/infer", json=body))
     body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0}
     r = await http.post(f"{base}/openai/v1/chat/completions", json=body)
