@@ -12,8 +12,6 @@ import httpx
 MODEL = "llm"
 
 
-@dataclass(frozen=True)
-
 def cache_status(r: httpx.Response) -> str:
     """A v2 answer's cache status (`direct`: the predictor's, which has none); raises on an error."""
     if r.status_code != 200:
@@ -23,6 +21,8 @@ def cache_status(r: httpx.Response) -> str:
             return str(out["data"][0])
     return "direct"
 
+
+@dataclass(frozen=True)
 class Target:
     name: str  # "transformer" | "predictor"
     http: str  # base URL
