@@ -25,9 +25,9 @@ class PeerLatency:
 
 
 def our_cache(redis_url: str, deployment: str, embedder: Any, verifier: Any) -> Any:
+    from cache.entry_store import EntryStore
     from cache.semantic_cache import SemanticCache
     from cache.settings import CacheSettings
-    from cache.store import EntryStore
 
     settings = CacheSettings(
         redis_url=redis_url, deployment=deployment,

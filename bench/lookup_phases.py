@@ -160,10 +160,10 @@ async def measure(
     concurrency: int = 1,
 ) -> Samples:
     from cache.embedder import Embedder
+    from cache.entry_store import EntryStore
     from cache.keys import CacheRequest, SamplingKey
     from cache.semantic_cache import SemanticCache
     from cache.settings import CacheSettings, EmbedderSettings
-    from cache.store import EntryStore
     from cache.verify import RuleVerifier
 
     stored, paraphrases, vectors, ref_embedder = served_pairs()

@@ -65,8 +65,8 @@ async def measure_in_process(
 ) -> None:
     """Exact lookups of stored entries, and KNN of noisy copies of stored vectors, calls
     interleaved; recall@1 against brute force over the tenant's own vectors."""
+    from cache.entry_store import EntryStore, make_client
     from cache.settings import CacheSettings
-    from cache.store import EntryStore, make_client
 
     names = tenant_names(row.tenants)
     fp = request_fingerprint(schema)

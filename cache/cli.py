@@ -91,7 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def _with_store(args: argparse.Namespace, op: str) -> Any:
-    from cache.store import EntryStore
+    from cache.entry_store import EntryStore
 
     store = EntryStore.from_settings(CacheSettings.from_namespace(args))
     try:

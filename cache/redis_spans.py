@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cache.store import EntryStore
+from cache.entry_store import EntryStore
 from semserve import tracing
 
 

@@ -1,11 +1,11 @@
-"""Reading a raw FT.SEARCH reply (cache.store sends the lookup's KNN as raw arguments): the rows of
+"""Reading a raw FT.SEARCH reply (cache.entry_store sends the lookup's KNN as raw arguments): the rows of
 a RESP3 map or of a RESP2 array, so the store works on either protocol."""
 
 from __future__ import annotations
 
 from typing import Any
 
-DIST = "dist"  # the KNN's score alias in cache.store's query
+DIST = "dist"  # the KNN's score alias in cache.entry_store's query
 
 
 def _text(v: Any) -> str:

@@ -1,6 +1,6 @@
 """The cache policy: when to read, what to serve, when to write, and what to do when Redis fails.
 
-Kept apart from the layout (cache.schema, cache.store) and from the models (cache.interfaces), so
+Kept apart from the layout (cache.schema, cache.entry_store) and from the models (cache.interfaces), so
 each can change alone.
 
 Lookup: exact key first (one Redis read, no embedding); then embed, KNN over entries with the same
@@ -39,6 +39,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from cache import keys
 from cache.counters import CacheCounters
+from cache.entry_store import Candidate, EntryStore, is_missing_index
 from cache.epoch import SharedEpoch
 from cache.health import UNREACHABLE, RedisHealth
 from cache.interfaces import Embedder, Judge, Verdict, Verifier
@@ -49,7 +50,6 @@ from cache.lookup_result import LookupResult
 from cache.payload import Payload
 from cache.redis_spans import RedisSpans
 from cache.settings import CacheSettings
-from cache.store import Candidate, EntryStore, is_missing_index
 from semserve import tracing
 from semserve.logs import get_logger
 
@@ -66,16 +66,16 @@ class _Phase:
 class SemanticCache:
     def __init__(
         self,
-        store: EntryStore,
+        entries: EntryStore,
         embedder: Embedder,
         verifier: Verifier,
         settings: CacheSettings,
         judge: Judge | None = None,
     ) -> None:
         dim = getattr(embedder, "dim", None)
-        if dim is not None and int(dim) != store.schema.dim:
-            raise ValueError(f"embedder dim {dim} != index dim {store.schema.dim}")
-        self._entries = store
+        if dim is not None and int(dim) != entries.schema.dim:
+            raise ValueError(f"embedder dim {dim} != index dim {entries.schema.dim}")
+        self._entries = entries
         self.embedder = embedder
         self.verifier = verifier
         self.settings = settings
@@ -88,23 +88,23 @@ class SemanticCache:
             if judge is not None else None
         )  # fmt: skip
         self.health = RedisHealth(self.counters, settings, self._fail, self._recovered)
-        self._redis_span = RedisSpans(store)
-        client = getattr(store, "client", None)  # test doubles may have no Redis
+        self._redis_span = RedisSpans(entries)
+        client = getattr(entries, "client", None)  # test doubles may have no Redis
         self.replica_flights = (
-            ReplicaFlights(client, store.schema.index_name, lease_ms=settings.singleflight_lease_ms,
+            ReplicaFlights(client, entries.schema.index_name, lease_ms=settings.singleflight_lease_ms,
                            op_timeout_s=settings.store_timeout_ms / 1000.0)
             if settings.singleflight_replicas and client is not None else None
         )  # fmt: skip
         # The epoch shared by the replicas (cache/epoch.py); without Redis, the setting alone.
         self.epochs = (
-            SharedEpoch(client, store.schema.index_name, floor=settings.epoch,
+            SharedEpoch(client, entries.schema.index_name, floor=settings.epoch,
                         refresh_s=settings.epoch_refresh_s, op_timeout_s=settings.store_timeout_ms / 1000.0)
             if client is not None else None
         )  # fmt: skip
 
     @property
     def entries(self) -> EntryStore:
-        """The Redis store of this cache's entries, for what works on entries rather than on one
+        """The entry store (Redis) of this cache, for what works on entries rather than on one
         request: stats, flush, inspect (the admin routes). Not `store`: that method writes an answer."""
         return self._entries
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from cache.embedder import Embedder
+from cache.entry_store import EntryStore
 from cache.interfaces import Judge
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
-from cache.store import EntryStore
 from cache.verify import RuleVerifier
 from semserve import logs, tracing
 from semserve.serving.app_builder import Service, run_service

@@ -293,9 +293,9 @@ def evaluate_through_private_redis(
     """Start a throw-away Redis (the bundled server), run evaluate_through_cache, stop it."""
     import tempfile
 
+    from cache.entry_store import EntryStore
     from cache.semantic_cache import SemanticCache
     from cache.settings import CacheSettings
-    from cache.store import EntryStore
     from semserve.tooling.local_redis import RedisServer, free_port
 
     with tempfile.TemporaryDirectory(prefix="semserve-eval-redis-") as tmp:

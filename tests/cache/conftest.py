@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import redis
 
+from cache.entry_store import EntryStore
 from cache.keys import CacheRequest
 from cache.semantic_cache import LookupResult, SemanticCache
 from cache.settings import CacheSettings
-from cache.store import EntryStore
 from semserve.tooling.local_redis import RedisServer, free_port
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 

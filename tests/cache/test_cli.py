@@ -33,7 +33,7 @@ def test_stats_inspect_flush(redis_server: RedisServer, clean_redis: redis.Redis
     # Written through the same code the services use, from a child process, so this test needs no loop.
     script = (
         "import asyncio, numpy as np\n"
-        "from cache.store import EntryStore\nfrom cache.settings import CacheSettings\n"
+        "from cache.entry_store import EntryStore\nfrom cache.settings import CacheSettings\n"
         "from cache.keys import CacheRequest\n"
         f"settings = CacheSettings(redis_url={redis_server.url!r}, deployment='test')\n"
         "s = EntryStore.from_settings(settings)\n"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from cache.embed_batcher import ForwardBatcher
+from cache.entry_store import EntryStore
 from cache.settings import CacheSettings
-from cache.store import EntryStore
 
 
 class GatedForward:

@@ -14,9 +14,9 @@ import redis
 from fastapi import FastAPI
 from redis.asyncio import Redis
 
+from cache.entry_store import EntryStore
 from cache.epoch import SharedEpoch
 from cache.semantic_cache import SemanticCache
-from cache.store import EntryStore
 from semserve.tooling.local_redis import RedisServer, free_port
 from transformers_svc.admin import register_admin_routes
 from transformers_svc.auth import Authenticator, KeyEntry

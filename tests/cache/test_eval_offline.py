@@ -253,8 +253,8 @@ def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 async def test_through_the_real_cache_matches_offline(
     redis_server: RedisServer, clean_redis: object, embedder: Embedder, fixture_sims: np.ndarray
 ) -> None:
+    from cache.entry_store import EntryStore
     from cache.semantic_cache import SemanticCache
-    from cache.store import EntryStore
     from tests.cache.conftest import make_settings
 
     settings = make_settings(redis_server.url)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cache import keys
+from cache.entry_store import EntryStore
 from cache.semantic_cache import SemanticCache
-from cache.store import EntryStore
 from semserve.tooling.local_redis import RedisServer, free_port
 
 from .conftest import chat, make_settings, serve

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cache.entry_store import EntryStore
 from cache.keys import CacheRequest
 from cache.semantic_cache import SemanticCache
-from cache.store import EntryStore
 
 from .conftest import chat
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from cache.embedder import Embedder
+from cache.entry_store import EntryStore
 from cache.interfaces import Judge
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
-from cache.store import EntryStore
 from cache.verify import RuleVerifier
 
 from .conftest import chat

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 from cache import keys
+from cache.entry_store import EntryStore
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import EntryStore
 
 from .conftest import chat
 from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble

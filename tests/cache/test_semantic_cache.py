@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
+from cache.entry_store import EntryStore
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import EntryStore
 
 from .conftest import chat
 from .doubles import HashingEmbedderDouble, ThresholdVerifierDouble

@@ -12,9 +12,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
+from cache.entry_store import EntryStore
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import EntryStore
 from semserve.answer import Answer, Piece
 from semserve.sampling import SamplingOptions
 from semserve.tooling.local_redis import RedisServer

@@ -27,10 +27,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cache.entry_store import EntryStore, make_client
 from cache.keys import CacheRequest
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import EntryStore, make_client
 from semserve.config import Settings
 from semserve.tooling.local_redis import RedisServer, server_binary
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble

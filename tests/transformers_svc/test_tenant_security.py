@@ -22,10 +22,10 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 
 from cache import keys
+from cache.entry_store import EntryStore
 from cache.keys import CacheRequest, SamplingKey
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import EntryStore
 from semserve.v2 import grpc_tensors as tensors
 from tests.cache.doubles import HashingEmbedderDouble, ThresholdVerifierDouble
 from tests.conftest import Predictor, Transformer, start_transformer

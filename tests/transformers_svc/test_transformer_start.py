@@ -8,9 +8,9 @@ import asyncio
 import dataclasses
 import uuid
 
+from cache.entry_store import EntryStore
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings
-from cache.store import EntryStore
 from tests.support import free_port
 from transformers_svc.answer_pipeline import AnswerPipeline
 from transformers_svc.config import TransformerSettings

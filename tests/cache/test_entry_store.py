@@ -10,9 +10,9 @@ import pytest
 import redis
 
 from cache import keys
+from cache.entry_store import EntryStore
 from cache.schema import F_SCOPE, SCHEMA_VERSION
 from cache.settings import CacheSettings
-from cache.store import EntryStore
 
 from .conftest import chat
 from .doubles import HashingEmbedderDouble
@@ -218,7 +218,7 @@ async def test_search_and_inspect_keep_stored_text_byte_exact(store: EntryStore)
 
 
 async def test_index_dimension_is_checked_through_ft_info(cache_settings: CacheSettings) -> None:
-    from cache.store import SchemaMismatchError
+    from cache.entry_store import SchemaMismatchError
 
     small = EntryStore.from_settings(dataclasses.replace(cache_settings, embedding_dim=8))
     try:

@@ -55,7 +55,7 @@ from cache.search_reply import DIST, search_rows
 from cache.settings import CacheSettings
 from semserve.logs import get_logger
 
-log = get_logger("cache.store")
+log = get_logger("cache.entry_store")
 
 # KEYS: entry hash, tenant zset, tenants hash.
 # ARGV: ttl_ms, cap, entry prefix, entry id, tenant tag, tenant name, field/value pairs...
