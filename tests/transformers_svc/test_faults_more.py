@@ -104,14 +104,17 @@ def test_redis_50ms_per_chunk_fails_open(
     assert ask(t, predictor, q)[0] == "miss"
     assert ask(t, predictor, q)[0] == "exact"
     errors_before = metric_value(metrics(t), "semserve_cache_lookups_total", result="error")
-    # 50 ms each way per chunk: every Redis round trip costs >= 100 ms, past the 50 ms lookup
-    # budget: each lookup times out (a miss, counted as an error). Stores (500 ms budget) still get
-    # through and count as Redis answering, so Redis is not taken out of the path here; either way
-    # there are no hits while slow, but every request is answered, correctly.
+    # 50 ms each way per chunk: every Redis round trip costs >= 100 ms, past the 50 ms budget of
+    # the semantic lookup (KNN): each new prompt's lookup times out (a miss, counted as an error).
+    # The exact read and the stores have the store's 500 ms budget, so the answer stored for `q`
+    # is still served (read-your-writes) and Redis is not taken out of the path; every request is
+    # answered, correctly.
     proxy.latency_s = 0.05
     try:
         statuses = [ask(t, predictor, p) for p in (q, f"{q} again", q, f"{q} once more", q)]
-        assert {s for s, _ in statuses} == {"miss"}, statuses
+        assert [statuses[1][0], statuses[3][0]] == ["miss", "miss"], statuses
+        assert {s for s, _ in statuses[0::2]} <= {"exact", "miss"}, statuses
+        assert "exact" in {s for s, _ in statuses[0::2]}, statuses
         assert all(elapsed < 30 for _, elapsed in statuses), statuses
         text = metrics(t)
         assert metric_value(text, "semserve_cache_lookups_total", result="error") >= errors_before + 1
