@@ -10,6 +10,7 @@ with the same statuses) are in the table by qualified class name, so this module
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 
@@ -54,6 +55,34 @@ class Unavailable(ServingError):
     """Not ready, draining for shutdown, or an upstream is down: retry elsewhere or later."""
 
 
+class RateLimited(ServingError):
+    """Over one of the tenant's limits (429, refused before any work): `limit` names it
+    (requests_per_minute, tokens_per_minute, max_concurrent, fair_share), `retry_after_s` says when
+    a retry can pass."""
+
+    def __init__(self, message: str, limit: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+
+
+class Overloaded(Unavailable):
+    """The predictor is saturated for every tenant (503, refused before any work); retry after
+    `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def retry_after(exc: BaseException) -> int | None:
+    """The Retry-After header's value (whole seconds, at least 1) an error asks for, if any."""
+    seconds = getattr(exc, "retry_after_s", None)
+    if not isinstance(seconds, int | float):
+        return None
+    return max(1, math.ceil(seconds))
+
+
 @dataclass(frozen=True)
 class ErrorCodes:
     """How each protocol answers one kind of error."""
@@ -85,6 +114,7 @@ ERROR_TABLE: dict[str, ErrorCodes] = {
     f"{__name__}.Unauthenticated": ErrorCodes(401, "UNAUTHENTICATED", "authentication_error"),
     f"{__name__}.Forbidden": ErrorCodes(403, "PERMISSION_DENIED", "permission_error"),
     f"{__name__}.NotFound": _NOT_FOUND,
+    f"{__name__}.RateLimited": ErrorCodes(429, "RESOURCE_EXHAUSTED", "rate_limit_exceeded"),
     f"{__name__}.Unavailable": _UNAVAILABLE,
     f"{__name__}.ServingError": SERVER_ERROR,
     # KServe's. InferenceError is what its decoding raises for tensors a client sent wrongly
