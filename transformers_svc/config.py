@@ -34,6 +34,13 @@ class TransformerSettings(ServerSettings):
         "JSON file {tenant: [\"sha256:<hex of key>\", ...]}; when set, every route needs a key "
         "(Authorization: Bearer KEY or x-api-key) and the tenant comes from the key alone.",
     )
+    tenant_limits_file: Path | None = setting(
+        None,
+        "JSON file {tenant or \"default\": {requests_per_minute, tokens_per_minute, max_concurrent, "
+        "weight}}: per-tenant limits shared by all replicas through the cache's Redis (429 with "
+        "Retry-After when over one). Re-read when it changes (a ConfigMap update reaches running "
+        "pods); a bad file stops the transformer at start, a bad new version keeps the old limits.",
+    )
     admin_keys_file: Path | None = setting(
         None, "JSON list [\"sha256:<hex>\", ...] of admin keys for /admin/* when auth is on."
     )
