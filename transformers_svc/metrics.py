@@ -205,3 +205,28 @@ def register_policy(model: str, cache: SemanticCache) -> None:
     """Export `cache`'s counters, its cross-replica lease outcomes and its epoch."""
     lease = cache.replica_flights.counters if cache.replica_flights is not None else None
     REGISTRY.register(PolicyCollector(model, cache.counters, lease, cache.epochs))
+
+
+# -- per-tenant limits (transformers_svc/admission.py) ---------------------------------------------
+TENANT_REFUSED = Counter(
+    "semserve_tenant_refused_total",
+    "Requests refused (429/503, before any work) by tenant and reason: requests_per_minute, "
+    "tokens_per_minute, max_concurrent (the tenant's own limits), fair_share, saturated (the fair "
+    "queue).",
+    ("model_name", "tenant", "reason"),
+)
+TENANT_TOKENS_ADMITTED = Counter(
+    "semserve_tenant_tokens_admitted_total",
+    "Tokens misses reserved on admission (estimated prompt tokens + max_tokens).",
+    ("model_name", "tenant"),
+)
+TENANT_TOKENS_USED = Counter(
+    "semserve_tenant_tokens_used_total",
+    "Real prompt + completion tokens of the tenant's predictor generations (as usage reports them).",
+    ("model_name", "tenant"),
+)
+TENANT_LIMITS_FAIL_OPEN = Counter(
+    "semserve_tenant_limits_fail_open_total",
+    "Limit checks passed unchecked because Redis was down or slow (limits fail open).",
+    ("model_name",),
+)
