@@ -1,5 +1,6 @@
-"""OpenAI wire format shared by both services: request models, and builders for the `openai`
-package's own pydantic response types (so what we send is exactly what its client parses).
+"""OpenAI wire format shared by both services: request models, and builders for the response
+types (semserve/openai_wire.py: field for field the `openai` package's own, so what we send is
+exactly what its client parses).
 
 The `openai` package ships request *TypedDicts* only; validating those with pydantic yields lazy
 iterators and unreadable errors, so requests get small pydantic models here, with the field names
@@ -12,15 +13,21 @@ import time
 import uuid
 from typing import Any, Literal
 
-from openai.types import Completion, CompletionChoice, CompletionUsage
-from openai.types import Model as OpenAIModelCard
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
-from openai.types.chat.chat_completion import Choice as ChatChoice
-from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
-from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from semserve.errors import BadRequest
+from semserve.openai_wire import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessage,
+    ChoiceDelta,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    CompletionUsage,
+    OpenAIModelCard,
+)
 from semserve.sampling import SamplingOptions, parse_sampling
 
 __all__ = [
