@@ -83,6 +83,12 @@ def retry_after(exc: BaseException) -> int | None:
     return max(1, math.ceil(seconds))
 
 
+def error_headers(exc: BaseException) -> dict[str, str]:
+    """The HTTP headers an error's answer carries: Retry-After for a refusal that names when."""
+    seconds = retry_after(exc)
+    return {} if seconds is None else {"retry-after": str(seconds)}
+
+
 @dataclass(frozen=True)
 class ErrorCodes:
     """How each protocol answers one kind of error."""

@@ -15,7 +15,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from semserve.errors import BadRequest, NotFound, ServingError, codes_of, json_error_text
+from semserve.errors import (
+    BadRequest,
+    NotFound,
+    RateLimited,
+    ServingError,
+    codes_of,
+    error_headers,
+    json_error_text,
+)
 from semserve.logs import get_logger, request_id_var
 from semserve.openai_protocol import (
     ChatCompletion,
@@ -59,11 +67,14 @@ class OpenAIBackend(Protocol):
 
 
 def _error_content(exc: ServingError) -> dict[str, Any]:
-    return error_body(exc.message, codes_of(exc).openai_type, exc.field)
+    code = "rate_limit_exceeded" if isinstance(exc, RateLimited) else None  # as OpenAI's 429 says
+    return error_body(exc.message, codes_of(exc).openai_type, exc.field, code)
 
 
-def error_response(exc: ServingError) -> JSONResponse:
-    return JSONResponse(status_code=codes_of(exc).http_status, content=_error_content(exc))
+def error_response(exc: ServingError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error's JSON answer, with `headers` (the backend's, e.g. x-ratelimit-*) and Retry-After."""
+    return JSONResponse(status_code=codes_of(exc).http_status, content=_error_content(exc),
+                        headers={**(headers or {}), **error_headers(exc)})
 
 
 def _dump(obj: BaseModel) -> str:
@@ -154,22 +165,22 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
         return error_response(NotFound(f"model {model_name!r} not found", "model"))
 
     async def completions(request: Request) -> Response:
+        ctx = context(request)
         try:
             req = await _parse(request, CompletionRequest)
             req.unsupported()
-            ctx = context(request)
             return respond(await backend.completions(req, ctx), ctx)
         except ServingError as exc:
-            return error_response(exc)
+            return error_response(exc, ctx.response_headers)
 
     async def chat_completions(request: Request) -> Response:
+        ctx = context(request)
         try:
             req = await _parse(request, ChatCompletionRequest)
             req.unsupported()
-            ctx = context(request)
             return respond(await backend.chat_completions(req, ctx), ctx)
         except ServingError as exc:
-            return error_response(exc)
+            return error_response(exc, ctx.response_headers)
 
     served = [card.id for card in backend.models()]
     # Before our own routes and KServe's: `/v1/models` is KServe's v1 model list, which an OpenAI

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kserve.errors import InferenceError
 
-from semserve.errors import ServingError, codes_of, error_text, json_error_text
+from semserve.errors import ServingError, codes_of, error_headers, error_text, json_error_text
 from semserve.logs import get_logger
 
 log = get_logger("semserve.serving")
@@ -35,7 +35,7 @@ async def _table_error(_: Any, exc: Exception) -> JSONResponse:
         log.error("request_failed", status=status, error=type(exc).__name__, detail=error_text(exc))
     else:
         log.warning("request_rejected", status=status, error=type(exc).__name__, detail=error_text(exc))
-    return JSONResponse(status_code=status, content={"error": error_text(exc)})
+    return JSONResponse(status_code=status, content={"error": error_text(exc)}, headers=error_headers(exc))
 
 
 async def _validation_error(_: Any, exc: RequestValidationError) -> JSONResponse:

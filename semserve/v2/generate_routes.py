@@ -23,7 +23,15 @@ from kserve import InferInput, InferRequest, InferResponse
 from kserve.errors import InvalidInput, ModelNotFound, ServerNotReady
 
 from semserve import v2
-from semserve.errors import BadRequest, NotFound, ServingError, codes_of, error_text, json_error_text
+from semserve.errors import (
+    BadRequest,
+    NotFound,
+    ServingError,
+    codes_of,
+    error_headers,
+    error_text,
+    json_error_text,
+)
 from semserve.logs import request_id_var
 from semserve.v2.grpc_service import StreamingModel
 
@@ -98,7 +106,8 @@ def register_generate_routes(app: FastAPI, model: StreamingModel) -> None:
         return infer_request(model_name, body, stream=stream)
 
     def failed(exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=codes_of(exc).http_status, content={"error": error_text(exc)})
+        return JSONResponse(status_code=codes_of(exc).http_status, content={"error": error_text(exc)},
+                            headers=error_headers(exc))
 
     async def generate(model_name: str, request: Request) -> Response:
         try:

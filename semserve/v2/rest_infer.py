@@ -27,7 +27,7 @@ import orjson
 from kserve import InferInput, InferRequest, InferResponse
 from kserve.protocol.dataplane import DataPlane
 
-from semserve.errors import SERVER_ERROR, codes_of, error_text
+from semserve.errors import SERVER_ERROR, codes_of, error_headers, error_text
 from semserve.logs import get_logger
 
 log = get_logger("semserve.v2")
@@ -86,7 +86,7 @@ class V2RestInfer:
             (log.info if status == 503 else log.warning)(
                 event, status=status, error=type(exc).__name__, detail=error_text(exc)[:200]
             )
-            await _answer(send, status, orjson.dumps({"error": error_text(exc)}), {})
+            await _answer(send, status, orjson.dumps({"error": error_text(exc)}), error_headers(exc))
             return
         await _answer(send, 200, render(response), response_headers)
 
