@@ -24,13 +24,20 @@ predictor aborts) unless identical requests joined it, and only a wanted generat
 Answers the predictor reports as another model revision's than this transformer's
 --expected-model-revision (a canary: the stable transformer's misses reach both predictor
 revisions) are served but not stored; a predictor that reports no revision is taken at its word.
+
+Admission (transformers_svc/admission.py): every generation of this process, and only those (not a
+hit, not a follower of a shared generation, not a peer replica's answer), is admitted before it
+calls the predictor: the leader of a flight after its lease, a bypass, a speculation at its start,
+the singleflight-timeout fallback. A refusal (429/503) reaches the request before its first piece,
+since `_begin` awaits the decision of the generation it leads; the ticket settles to the real usage
+when the generation ends, however it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -47,6 +54,7 @@ from semserve.logs import get_logger
 from semserve.openai_protocol import ChatPrompt
 from semserve.sampling import SamplingOptions
 from transformers_svc import metrics
+from transformers_svc.admission import NO_TICKET, Admission, Metered, Ticket
 from transformers_svc.config import TransformerSettings
 from transformers_svc.request_context import Listener, RequestContext, RequestRecord, ignore
 
@@ -130,11 +138,16 @@ def hit_answer(res: LookupResult | None) -> Answer | None:
 
 class AnswerPipeline:
     def __init__(
-        self, settings: TransformerSettings, cache: SemanticCache | None, predictor: Generator
+        self,
+        settings: TransformerSettings,
+        cache: SemanticCache | None,
+        predictor: Generator,
+        admission: Admission | None = None,
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.predictor = predictor
+        self.admission = admission  # None: no limits, no fair queue
         self.model = settings.model_name
         self.flights: SingleFlight[Piece] = SingleFlight()
         self.on_outcome: Listener = ignore
@@ -228,7 +241,13 @@ class AnswerPipeline:
                 await stream.aclose()
         # Out of the wait span: the request's own predictor call is not part of the wait.
         ctx = request.context
-        answer = answer_of([await self.predictor.generate(request.prompt, ctx.sampling, ctx.request_id)])
+        ticket = await self._admit(request)
+        piece: Piece | None = None
+        try:
+            piece = await self.predictor.generate(request.prompt, ctx.sampling, ctx.request_id)
+        finally:
+            ticket.settle(piece.prompt_tokens if piece else 0, piece.completion_tokens if piece else 0)
+        answer = answer_of([piece])
         mode = self._mode_of(request)
         if mode.write and self.storable(answer):
             await self.cache.store(self._key_of(request), answer)
@@ -242,7 +261,7 @@ class AnswerPipeline:
         mode, key = self._mode_of(request), self._key_of(request)
         if self.cache is None or not mode.used:
             metrics.LOOKUPS.labels(self.model, "bypass").inc()
-            return AnswerStream("bypass", None, self._source(request, streamed)())
+            return AnswerStream("bypass", None, await self._metered(request, streamed))
         speculation = self._speculation(request, key, mode) if streamed else None
         try:
             res = await self.lookup(key, mode, speculation.start if speculation is not None else None)
@@ -262,12 +281,13 @@ class AnswerPipeline:
         similarity = res.similarity if res is not None else None
         flight = self.cache.flight_key(key)
         if flight is None:  # shares nothing (e.g. an empty prompt)
-            return AnswerStream(status, similarity, self._source(request, streamed)())
+            return AnswerStream(status, similarity, await self._metered(request, streamed))
         vector = res.vector if res is not None else None
         if speculation is not None and speculation.generation is not None:
             generation, pieces, led = speculation.generation, speculation.use(vector), True
         else:
-            generation = _Generation(self, key, mode, vector, self._source(request, streamed))
+            generation = _Generation(self, key, mode, vector, self._source(request, streamed),
+                                     lambda: self._admit(request))
             pieces, led = self.flights.listen(flight, generation.pieces, generation.complete, _is_last)
         if not led:
             self.cache.counters.singleflight_joined += 1
@@ -294,7 +314,20 @@ class AnswerPipeline:
         flight = self.cache.flight_key(key)
         if flight is None:
             return None
-        return _Speculation(self, flight, key, mode, self._source(request, streamed=True))
+        return _Speculation(self, flight, key, mode, self._source(request, streamed=True),
+                            lambda: self._admit(request))
+
+    async def _admit(self, request: AnswerRequest) -> Ticket:
+        """Admit one generation of `request` (its tenant's limits, the fair queue), or raise."""
+        if self.admission is None:
+            return NO_TICKET
+        ctx = request.context
+        return await self.admission.admit(ctx.tenant, request.prompt, ctx.sampling.max_tokens, ctx.request_id)
+
+    async def _metered(self, request: AnswerRequest, streamed: bool) -> AsyncIterator[Piece]:
+        """A generation of this request alone, admitted now, settled when its pieces end."""
+        ticket = await self._admit(request)
+        return Metered(self._source(request, streamed)(), ticket)
 
     def _source(self, request: AnswerRequest, streamed: bool) -> Callable[[], AsyncIterator[Piece]]:
         ctx = request.context
@@ -345,8 +378,10 @@ class _Speculation:
         key: CacheRequest,
         mode: CacheMode,
         source: Callable[[], AsyncIterator[Piece]],
+        admit: Callable[[], Awaitable[Ticket]],
     ) -> None:
         self.pipeline, self.flight, self.key, self.mode, self.source = pipeline, flight, key, mode, source
+        self.admit = admit
         self.generation: _Generation | None = None
         self.broadcast: Broadcast[Piece] | None = None
 
@@ -356,7 +391,8 @@ class _Speculation:
         flights = self.pipeline.flights
         if flights.running(self.flight):
             return
-        self.generation = _Generation(self.pipeline, self.key, self.mode, None, self.source, speculative=True)
+        self.generation = _Generation(self.pipeline, self.key, self.mode, None, self.source, self.admit,
+                                      speculative=True)
         generation = self.generation
         self.broadcast = flights.start(self.flight, generation.pieces, generation.complete, _is_last)
 
@@ -390,13 +426,14 @@ class _Generation:
         mode: CacheMode,
         vector: np.ndarray | None,
         produce: Callable[[], AsyncIterator[Piece]],
+        admit: Callable[[], Awaitable[Ticket]],
         speculative: bool = False,
     ) -> None:
         assert pipeline.cache is not None
         self.cache = pipeline.cache
         self.model = pipeline.model
         self.storable = pipeline.storable
-        self.key, self.mode, self.vector, self.produce = key, mode, vector, produce
+        self.key, self.mode, self.vector, self.produce, self.admit = key, mode, vector, produce, admit
         self.claim = Claim("alone")
         # Whether a peer replica's stored answer is this generation's (known once the lease is).
         self.by_peer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -430,18 +467,26 @@ class _Generation:
                     self._decided(True)
                     yield whole_piece(shared)
                     return
+            try:
+                ticket = await self.admit()  # refused: before the predictor, before any piece
+            except BaseException:
+                await self.claim.release(False)  # one waiting replica takes over
+                raise
         except BaseException as exc:
             if not self.by_peer.done():
                 self.by_peer.set_exception(exc)
             raise
         self._decided(False)
         finished = False
+        last: Piece | None = None
         try:
             async for piece in self.produce():
                 finished = finished or piece.finish_reason is not None
                 self.tokens = piece.completion_tokens
+                last = piece
                 yield piece
         finally:
+            ticket.settle(last.prompt_tokens if last else 0, last.completion_tokens if last else 0)
             if self._unwanted():
                 metrics.SPECULATION_CANCELLED_TOKENS.labels(self.model).inc(self.tokens)
             if not finished:

@@ -21,7 +21,7 @@ from kserve.errors import ModelNotFound
 
 from semserve import v2
 from semserve.answer import Answer, Piece
-from semserve.errors import BadRequest, NotFound, Unavailable
+from semserve.errors import BadRequest, NotFound, Overloaded, Unavailable
 from semserve.errors import BadRequest as InvalidInput400
 from semserve.errors import Unavailable as Unavailable503
 from semserve.streams import merge_streams
@@ -62,6 +62,8 @@ def _as_kserve_errors(model: str) -> Iterator[None]:
         raise InvalidInput400(exc.message, exc.field) from None
     except NotFound as exc:
         raise ModelNotFound(model) from exc
+    except Overloaded:
+        raise  # as it is: its retry_after_s is the answer's Retry-After
     except Unavailable as exc:
         raise Unavailable503(exc.message) from None
 
@@ -78,6 +80,8 @@ class SemanticCacheTransformer(TextModel):
     async def start_engine(self) -> None:
         """Start the cache, best effort: with Redis down the transformer still serves (fail open),
         and the cache recreates its index once Redis answers."""
+        if self.pipeline.admission is not None:
+            self.pipeline.admission.start()
         if self.pipeline.cache is not None:
             await self.pipeline.cache.start()
 
@@ -94,6 +98,14 @@ class SemanticCacheTransformer(TextModel):
         request = v2.parse_request(payload, self.settings.max_batch_size)
         return _Call(ctx.with_sampling(request.sampling), request)
 
+    async def _check_rate(self, ctx: RequestContext) -> None:
+        """The tenant's requests per minute, once per client call (a batch is one), before any
+        work; RateLimited (429 / RESOURCE_EXHAUSTED) when over it."""
+        if self.pipeline.admission is not None:
+            refusal = (await self.pipeline.admission.check_request(ctx.tenant)).refusal
+            if refusal is not None:
+                raise refusal
+
     # -- whole answers ------------------------------------------------------------------------------
 
     async def infer(self, payload: InferRequest, headers: dict[str, str]) -> InferResponse:
@@ -101,6 +113,7 @@ class SemanticCacheTransformer(TextModel):
         try:
             with _as_kserve_errors(self.name):
                 call = self._call(ctx, payload)
+                await self._check_rate(ctx)
                 outcomes = await asyncio.gather(
                     *(self.pipeline.answer(call.ask(i)) for i in range(call.request.size))
                 )
@@ -139,6 +152,8 @@ class SemanticCacheTransformer(TextModel):
         try:
             with _as_kserve_errors(self.name):
                 call = self._call(ctx, payload)
+                if call.request.stream:  # else predict's infer checks it
+                    await self._check_rate(ctx)
         except BaseException as exc:
             self.pipeline.report(RequestRecord.failed(ctx, exc, v2.text_inputs(payload)))
             raise

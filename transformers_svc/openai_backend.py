@@ -138,9 +138,16 @@ class TransformerOpenAI:
         ctx = openai_context(http, model=model, default_tenant=self.settings.tenant, route=route)
         return _Request(ctx, http, body, prompts)
 
-    def _check(self, model: str) -> None:
+    async def _check(self, r: _Request, model: str) -> None:
         if model != self.name:
             raise NotFound(f"model {model!r} not found; this server serves {self.name!r}", "model")
+        # The tenant's requests per minute, once per call, hits included, before any work; its
+        # limits' state goes on the response, a 429's included (OpenAI's x-ratelimit-* headers).
+        if self.pipeline.admission is not None:
+            rate = await self.pipeline.admission.check_request(r.ctx.tenant)
+            r.http.response_headers.update(rate.headers())
+            if rate.refusal is not None:
+                raise rate.refusal
 
     async def chat_completions(
         self, req: oa.ChatCompletionRequest, http: openai_routes.OpenAIHttpCall
@@ -166,7 +173,7 @@ class TransformerOpenAI:
     # -- chat and completions -----------------------------------------------------------------------
 
     async def _chat(self, r: _Request, req: oa.ChatCompletionRequest) -> Any:
-        self._check(req.model)
+        await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         ask = AnswerRequest(r.ctx, "chat", req.prompt())
         fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.include_usage)
@@ -175,7 +182,7 @@ class TransformerOpenAI:
         return self._whole(r, [await self._answer(ask)], fmt)
 
     async def _completions(self, r: _Request, req: oa.CompletionRequest) -> Any:
-        self._check(req.model)
+        await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         prompts = req.prompts
         fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.include_usage)

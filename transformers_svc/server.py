@@ -8,13 +8,17 @@ from typing import Any
 from cache.embedder import Embedder
 from cache.entry_store import EntryStore
 from cache.interfaces import Judge
+from cache.redis_client import make_client
 from cache.semantic_cache import SemanticCache
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
+from cache.tenant_counters import TenantCounters
 from cache.verify import RuleVerifier
 from semserve import logs, tracing
 from semserve.serving.app_builder import Service, run_service
+from semserve.tenant_limits import LimitsError
 from transformers_svc import metrics
 from transformers_svc.admin import register_admin_routes
+from transformers_svc.admission import Admission
 from transformers_svc.answer_pipeline import AnswerPipeline
 from transformers_svc.auth import Authenticator
 from transformers_svc.auth_middleware import GrpcAuth, HttpAuth
@@ -24,6 +28,7 @@ from transformers_svc.model import SemanticCacheTransformer
 from transformers_svc.openai_backend import TransformerOpenAI
 from transformers_svc.predictor_client import PredictorClient
 from transformers_svc.request_log import RequestLog
+from transformers_svc.tenant_quota import TenantQuotas
 
 log = logs.get_logger("semserve.transformer")
 
@@ -43,14 +48,30 @@ def run(
     verify_settings: VerifierSettings,
     trace_settings: tracing.TracingSettings | None = None,
 ) -> None:
-    run_service(
-        "transformer",
-        settings,
-        lambda: assemble(settings, cache_settings, embed_settings, verify_settings),
-        trace_settings,
-        # --record-prompt-text is also what lets prompt text onto spans.
-        prompt_text_on_spans=settings.record_prompt_text,
-    )
+    try:
+        run_service(
+            "transformer",
+            settings,
+            lambda: assemble(settings, cache_settings, embed_settings, verify_settings),
+            trace_settings,
+            # --record-prompt-text is also what lets prompt text onto spans.
+            prompt_text_on_spans=settings.record_prompt_text,
+        )
+    except LimitsError as exc:  # a bad --tenant-limits-file: one line naming tenant and field
+        log.error("tenant_limits_invalid", error=str(exc))
+        raise SystemExit(2) from None
+
+
+def build_admission(settings: TransformerSettings, cache_settings: CacheSettings) -> Admission | None:
+    """Per-tenant limits (--tenant-limits-file) on the cache's Redis; None without a limits file.
+    Raises LimitsError for a bad file."""
+    if settings.tenant_limits_file is None:
+        return None
+    quotas = TenantQuotas(settings.tenant_limits_file)
+    counters = TenantCounters(make_client(cache_settings), cache_settings.deployment)
+    # One round trip per check, with the budget of the cache's exact read; Redis down: fail open.
+    return Admission(settings.model_name, quotas, counters, budget_s=cache_settings.store_timeout_ms / 1000,
+                     retry_s=cache_settings.degraded_retry_s)
 
 
 def assemble(
@@ -74,7 +95,8 @@ def assemble(
     if judge is not None and cache is not None:
         log.info("cache_judge", judge=cache_settings.judge,
                  min_score=cache_settings.judge_min_score, threshold=cache_settings.judge_threshold)
-    pipeline = AnswerPipeline(settings, cache, predictor)
+    admission = build_admission(settings, cache_settings)
+    pipeline = AnswerPipeline(settings, cache, predictor, admission)
     model = SemanticCacheTransformer(settings, pipeline)
     openai: Any = TransformerOpenAI(settings, pipeline)
     request_log = RequestLog.from_settings(settings)
