@@ -82,3 +82,30 @@ class TransformerSettings(ServerSettings):
         "answered this transformer (any successful call); shorter than the predictor's "
         "scale-to-zero idle time.",
     )
+    predictor_hold_s: float = setting(
+        0.0,
+        "How long a miss may wait for a predictor that is not ready (starting, restarting, at zero): "
+        "0 refuses it at once with 503, as before; above 0 it is held until the predictor is ready "
+        "(asked over gRPC ServerReady), then sent, or 503 after this long. With holding on, streamed "
+        "OpenAI requests get SSE comments (--sse-keepalive-s) and each tenant may hold at most "
+        "--held-misses-per-tenant. A predictor counts as ready while it answered within "
+        "--speculate-warm-window-s and its gRPC channel is connected.",
+    )
+    sse_keepalive_s: float = setting(
+        5.0,
+        "With --predictor-hold-s on: a streamed OpenAI request with no first token after this long "
+        "gets its response started (200, headers) and an SSE comment line (': ...', ignored by "
+        "OpenAI clients) this often until its first token, so proxies keep the connection; an error "
+        "after that comes as an SSE error event. 0: no comments. v2 streams get nothing until tokens.",
+    )
+    held_misses_per_tenant: int = setting(
+        16,
+        "With --predictor-hold-s on: the most misses one tenant may have held at once; past it a "
+        "miss gets 503 with Retry-After (the predictor's start time left). Hits are always answered.",
+    )
+    predictor_start_s: float = setting(
+        65.8,
+        "The predictor's expected time from the first held miss to ready, for Retry-After until this "
+        "transformer has measured one (then the last measured); default: bench/RESULTS.md's warm "
+        "start on CPU.",
+    )
