@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -228,5 +228,24 @@ TENANT_TOKENS_USED = Counter(
 TENANT_LIMITS_FAIL_OPEN = Counter(
     "semserve_tenant_limits_fail_open_total",
     "Limit checks passed unchecked because Redis was down or slow (limits fail open).",
+    ("model_name",),
+)
+
+
+# -- misses held while the predictor is not ready (transformers_svc/held_misses.py) ---------------
+HELD_MISSES = Gauge(
+    "semserve_held_misses",
+    "Misses waiting now for a predictor that is not ready (--predictor-hold-s), by tenant.",
+    ("model_name", "tenant"),
+)
+HELD_MISSES_REFUSED = Counter(
+    "semserve_held_misses_refused_total",
+    "Misses refused (503 with Retry-After) because the tenant had --held-misses-per-tenant held.",
+    ("model_name", "tenant"),
+)
+PREDICTOR_START_ESTIMATE = Gauge(
+    "semserve_predictor_start_estimate_seconds",
+    "How long the predictor takes from the first held miss to ready: --predictor-start-s until a "
+    "start was measured, then the last one measured (refusals' Retry-After comes from it).",
     ("model_name",),
 )
