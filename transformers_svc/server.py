@@ -83,6 +83,7 @@ def assemble(
     if settings.workers > 1:
         log.warning("workers_ignored", workers=settings.workers,
                     reason="one process per pod; scale with replicas")
+    admission = build_admission(settings, cache_settings)  # first: a bad limits file stops at once
     auth = Authenticator.from_files(settings.api_keys_file, settings.admin_keys_file, settings.tenant)
     log.info("auth", enabled=auth.enabled)
     predictor = PredictorClient(settings)
@@ -95,7 +96,6 @@ def assemble(
     if judge is not None and cache is not None:
         log.info("cache_judge", judge=cache_settings.judge,
                  min_score=cache_settings.judge_min_score, threshold=cache_settings.judge_threshold)
-    admission = build_admission(settings, cache_settings)
     pipeline = AnswerPipeline(settings, cache, predictor, admission)
     model = SemanticCacheTransformer(settings, pipeline)
     openai: Any = TransformerOpenAI(settings, pipeline)
