@@ -126,6 +126,9 @@ class TransformerOpenAI:
         self.name = settings.model_name
         # OpenAI's `created` of the model card: when this server started serving it.
         self.created = int(time.time())
+        # With misses held while the predictor starts, a stream waiting that long for its first
+        # token gets SSE comments (semserve/openai_routes.py KeepsStreamsAlive).
+        self.sse_keepalive_s = settings.sse_keepalive_s if settings.predictor_hold_s > 0 else None
 
     def models(self) -> list[oa.OpenAIModelCard]:
         return [oa.model_card(self.name, self.created)]
