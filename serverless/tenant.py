@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+from semserve.tenant_limits import DEFAULT, FIELDS, LimitsError
+from serverless import tenant_limits_config as limits_cm
 from serverless.kube_client import Client, connect, describe_error
 from serverless.rollout import cmd_promote, cmd_rollback, cmd_rollout
 from serverless.tenant_objects import (
@@ -27,10 +29,10 @@ from serverless.tenant_objects import (
     ISVC_API,
     PROFILE_LABEL,
     PROFILES,
-    TENANT_KINDS,
     TENANT_LABEL,
     TenantError,
     dump_objects,
+    per_tenant,
     secrets_note,
     tenant_objects,
 )
@@ -53,6 +55,11 @@ def cmd_create(cl: Client | None, args: argparse.Namespace) -> int:
             set_sleep(isvc, args.sleep_after_idle_s)
         except SleepSettingError as e:
             raise TenantError(str(e)) from None
+    try:
+        table = limits_cm.edit_table({}, args.limits_tenant, limits_cm.flag_values(args))
+        limits_cm.set_limits(docs, table)
+    except LimitsError as e:
+        raise TenantError(str(e)) from None
     if args.dry_run:
         print(secrets_note(docs, args.namespace), end="")
         print(dump_objects(docs), end="")
@@ -72,6 +79,44 @@ def cmd_create(cl: Client | None, args: argparse.Namespace) -> int:
         f"tenant {args.namespace}/{args.name} ({args.profile}): `semserve tenant status {args.name} "
         f"-n {args.namespace}` shows when it is ready"
     )
+    return 0
+
+
+def cmd_update(cl: Client, args: argparse.Namespace) -> int:
+    """Change the tenant's limits, and nothing else: its limits ConfigMap, server-side applied."""
+    values = limits_cm.flag_values(args)
+    if args.remove == any(v is not None for v in values.values()):
+        raise TenantError(
+            "give the limits to set (" + ", ".join(limits_cm.flag(f) for f in FIELDS) + ") or --remove"
+        )
+    name = limits_cm.configmap_name(args.name)
+    current = cl.get_or_none("v1", "ConfigMap", args.namespace, name)
+    if current is None:
+        raise TenantError(
+            f"tenant {args.namespace}/{args.name} has no ConfigMap {name} (created before tenant "
+            "limits existed?): `semserve tenant create` it again with its profile and the limit flags"
+        )
+    try:
+        table = limits_cm.edit_table(
+            limits_cm.read_table(current), args.limits_tenant, values, remove=args.remove
+        )
+    except LimitsError as e:
+        raise TenantError(str(e)) from None
+    meta = current.get("metadata") or {}
+    # The object as `create` applied it (same field manager), with only limits.json changed.
+    doc = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": args.namespace, "labels": meta.get("labels") or {}},
+        "data": {**(current.get("data") or {}), limits_cm.LIMITS_KEY: limits_cm.limits_json(table)},
+    }
+    cl.apply(doc, dry_run=True)
+    if args.server_dry_run:
+        print(f"ConfigMap/{name} passes server-side dry run:\n{limits_cm.describe(table)}")
+        return 0
+    cl.apply(doc)
+    print(f"ConfigMap/{name} applied:\n{limits_cm.describe(table)}")
+    print("running transformers read it within about a minute (the kubelet's ConfigMap sync), no restart")
     return 0
 
 
@@ -173,7 +218,7 @@ def cmd_delete(cl: Client, args: argparse.Namespace) -> int:
     profile = ((isvc.get("metadata") or {}).get("labels") or {}).get(PROFILE_LABEL, "dev")
     docs = tenant_objects(profile if profile in PROFILES else "dev", args.name, args.namespace)
     for doc in docs:
-        shared = doc["kind"] not in TENANT_KINDS
+        shared = not per_tenant(doc)
         if shared and not args.shared:
             continue
         gone = cl.delete(doc["apiVersion"], doc["kind"], args.namespace, doc["metadata"]["name"])
@@ -185,6 +230,7 @@ def cmd_delete(cl: Client, args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "create": cmd_create,
+    "update": cmd_update,
     "status": cmd_status,
     "list": cmd_list,
     "wake": cmd_wake,
@@ -235,8 +281,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="GPU predictors: sleep (vLLM sleep mode) after this many idle seconds, wake on the next "
         "request; annotation semserve.io/sleep-after-idle-s. Refused on CPU profiles (no sleep mode)",
     )
+    limit_flags(c)
     c.add_argument("--dry-run", action="store_true", help="print the objects; contact no cluster")
     c.add_argument("--server-dry-run", action="store_true", help="apply with dryRun=All (admission runs)")
+    u = ts.add_parser(
+        "update",
+        help="change the tenant's limits (its NAME-tenant-limits ConfigMap only; no restart)",
+    )
+    common(u)
+    limit_flags(u, update=True)
+    u.add_argument("--remove", action="store_true", help="drop the --limits-tenant entry")
+    u.add_argument("--server-dry-run", action="store_true", help="apply with dryRun=All (admission runs)")
     s = ts.add_parser("status", help="readiness, URL, revision, desired/actual replicas per component")
     common(s)
     s.add_argument("--json", action="store_true")
@@ -272,6 +327,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(d)
     d.add_argument("--shared", action="store_true", help="also the namespace's shared objects (Redis, ...)")
     p.set_defaults(func=run)
+
+
+def limit_flags(q: argparse.ArgumentParser, update: bool = False) -> None:
+    """The tenant limits as flags: the fields of the --tenant-limits-file entry they set."""
+    q.add_argument(
+        "--limits-tenant",
+        default=DEFAULT,
+        metavar="TENANT",
+        help="the entry the limit flags set: an API-key tenant of this InferenceService, or "
+        '"default" (every tenant without an entry of its own; the one tenant when auth is off)',
+    )
+    helps = {
+        "requests_per_minute": "requests per minute, cache hits included (429 over it)",
+        "tokens_per_minute": "prompt + completion tokens per minute of predictor generations",
+        "max_concurrent": "misses in flight at the predictor",
+        "weight": "share of the predictor when tenants compete (default 1)",
+    }
+    lift = f"; {limits_cm.NO_LIMIT} lifts it" if update else ""
+    for field in FIELDS:
+        q.add_argument(
+            limits_cm.flag(field),
+            dest=field,
+            default=None,
+            metavar="N",
+            help=helps[field] + lift,
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from serverless import kustomize
+from serverless.tenant_limits_config import BASE_CONFIGMAP, configmap_name, is_limits_configmap
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,9 +51,14 @@ EPOCH_ENV = "SEMSERVE_CACHE_EPOCH"
 PREDICTOR_HOST_FLAGS = ("--predictor_host=", "--predictor-host=")
 STABLE_PREDICTOR_HOST = "$(ISVC_NAME)-predictor.$(POD_NAMESPACE):80"
 CANARY_PREDICTOR_HOST = "latest-$(ISVC_NAME)-predictor.$(POD_NAMESPACE):80"
-# Per-tenant kinds (named after the tenant); everything else in an overlay is shared by the
-# namespace's tenants (Redis, policies, monitors, runtimes, dashboard).
+# Per-tenant kinds (named after the tenant), and the tenant's limits ConfigMap; everything else in
+# an overlay is shared by the namespace's tenants (Redis, policies, monitors, runtimes, dashboard).
 TENANT_KINDS = ("InferenceService", "PodDisruptionBudget")
+
+
+def per_tenant(doc: dict[str, Any]) -> bool:
+    """An object that belongs to one tenant (named after it), not to the namespace."""
+    return doc.get("kind") in TENANT_KINDS or is_limits_configmap(doc)
 
 
 class TenantError(Exception):
@@ -99,12 +105,15 @@ def tenant_objects(
             continue
         meta["namespace"] = namespace
         kind = doc.get("kind")
-        if kind in TENANT_KINDS:
+        if per_tenant(doc):
             labels[TENANT_LABEL] = name
             labels[PROFILE_LABEL] = profile
         if kind == "InferenceService":
             meta["name"] = name
             _label_model(doc, model, revision)
+            _retarget_limits(doc, name)
+        elif is_limits_configmap(doc):
+            meta["name"] = configmap_name(name)
         elif kind == "PodDisruptionBudget":
             meta["name"] = str(meta["name"]).replace(BASE_NAME, name, 1)
             sel = (doc.get("spec") or {}).get("selector", {}).get("matchLabels", {})
@@ -112,6 +121,14 @@ def tenant_objects(
                 sel[ISVC_LABEL] = name
         out.append(doc)
     return out
+
+
+def _retarget_limits(isvc: dict[str, Any], name: str) -> None:
+    # Each InferenceService reads its own limits ConfigMap (NAME-tenant-limits).
+    for volume in (isvc["spec"].get("transformer") or {}).get("volumes") or []:
+        ref = volume.get("configMap") or {}
+        if ref.get("name") == BASE_CONFIGMAP:
+            ref["name"] = configmap_name(name)
 
 
 def _label_model(isvc: dict[str, Any], model: str | None, revision: str | None) -> None:

@@ -28,6 +28,7 @@ import jsonschema
 import yaml
 
 from serverless import settings_from_manifest as sfm
+from serverless.tenant_limits_config import limits_rules
 from serverless.tenant_sleep import sleep_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,6 +184,9 @@ def validate_objects(
         # semserve's own rule (no admission webhook enforces it): the sleep annotation and the
         # predictor's env agree, and no sleep on a CPU predictor (the pod would refuse to start).
         errors.extend(sleep_rules(doc))
+        # And the tenant limits: a limits ConfigMap the transformer would refuse, or a limits file
+        # mounted so that updates never reach the pods (serverless/tenant_limits_config.py).
+        errors.extend(limits_rules(doc))
     return errors
 
 
