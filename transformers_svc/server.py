@@ -18,7 +18,7 @@ from semserve.serving.app_builder import Service, run_service
 from semserve.tenant_limits import LimitsError
 from transformers_svc import metrics
 from transformers_svc.admin import register_admin_routes
-from transformers_svc.admission import Admission
+from transformers_svc.admission import Admission, FairAdmission
 from transformers_svc.answer_pipeline import AnswerPipeline
 from transformers_svc.auth import Authenticator
 from transformers_svc.auth_middleware import GrpcAuth, HttpAuth
@@ -62,16 +62,19 @@ def run(
         raise SystemExit(2) from None
 
 
-def build_admission(settings: TransformerSettings, cache_settings: CacheSettings) -> Admission | None:
-    """Per-tenant limits (--tenant-limits-file) on the cache's Redis; None without a limits file.
-    Raises LimitsError for a bad file."""
-    if settings.tenant_limits_file is None:
+def build_admission(
+    settings: TransformerSettings, cache_settings: CacheSettings, fair: FairAdmission | None = None
+) -> Admission | None:
+    """Admission of misses: per-tenant limits (--tenant-limits-file) on the cache's Redis, then the
+    fair queue `fair`; None with neither. Raises LimitsError for a bad limits file."""
+    path = settings.tenant_limits_file
+    if path is None and fair is None:
         return None
-    quotas = TenantQuotas(settings.tenant_limits_file)
-    counters = TenantCounters(make_client(cache_settings), cache_settings.deployment)
+    quotas = TenantQuotas(path)
+    counters = TenantCounters(make_client(cache_settings), cache_settings.deployment) if path else None
     # One round trip per check, with the budget of the cache's exact read; Redis down: fail open.
     return Admission(settings.model_name, quotas, counters, budget_s=cache_settings.store_timeout_ms / 1000,
-                     retry_s=cache_settings.degraded_retry_s)
+                     retry_s=cache_settings.degraded_retry_s, fair=fair)
 
 
 def assemble(
