@@ -2,14 +2,20 @@
 
 The routes own the wire: JSON parsing, validation into request models, error bodies, SSE framing
 (`data: {...}` per chunk, then `data: [DONE]`). The backend owns what an answer is.
+
+A backend whose streams may wait long for their first chunk (KeepsStreamsAlive: the transformer
+holding a miss while its predictor starts) has its stream's response started once that wait passes
+`sse_keepalive_s`, with an SSE comment line that often until the first chunk: proxies then see bytes
+and keep the connection, and SSE clients skip comments. Past that point a failure is an error event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -66,6 +72,19 @@ class OpenAIBackend(Protocol):
     ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]: ...
 
 
+@runtime_checkable
+class KeepsStreamsAlive(Protocol):
+    """A backend whose streams may wait long for their first chunk: past `sse_keepalive_s` of
+    waiting, the stream's response starts with SSE comments that often until it comes (None or 0:
+    never)."""
+
+    sse_keepalive_s: float | None
+
+
+# The comment line a waiting stream gets (SSE: a line that starts with ':' is no event).
+KEEPALIVE_COMMENT = b": waiting for the model to start\n\n"
+
+
 def _error_content(exc: ServingError) -> dict[str, Any]:
     code = "rate_limit_exceeded" if isinstance(exc, RateLimited) else None  # as OpenAI's 429 says
     return error_body(exc.message, codes_of(exc).openai_type, exc.field, code)
@@ -89,6 +108,36 @@ async def _sse(stream: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
         # Headers are gone once streaming started: the error travels as a final event.
         yield f"data: {json.dumps(_error_content(exc))}\n\n".encode()
     yield b"data: [DONE]\n\n"
+
+
+async def _one(chunk: BaseModel) -> AsyncIterator[BaseModel]:
+    yield chunk
+
+
+async def _sse_once_answered(pending: asyncio.Future[Any], interval_s: float) -> AsyncIterator[bytes]:
+    """A stream whose backend has not answered yet: a comment every `interval_s` until it does, then
+    its chunks (or its error as the final event); leaving early cancels the backend's call."""
+    result: Any = None
+    try:
+        while True:
+            yield KEEPALIVE_COMMENT
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if done:
+                break
+        try:
+            result = pending.result()
+        except ServingError as exc:
+            yield f"data: {json.dumps(_error_content(exc))}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+            return
+        stream, result = (_one(result) if isinstance(result, BaseModel) else result), None
+        async for part in _sse(stream):
+            yield part
+    finally:
+        if not pending.done():
+            pending.cancel()
+        elif result is not None and hasattr(result, "aclose"):
+            await result.aclose()  # answered, but the client left before reading it
 
 
 async def _parse(request: Request, model_cls: type[BaseModel]) -> Any:
@@ -140,6 +189,8 @@ def body_openapi(model_cls: type[BaseModel], served: list[str]) -> dict[str, Any
 
 
 def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = ROUTE_PREFIX) -> None:
+    keepalive_s = backend.sse_keepalive_s if isinstance(backend, KeepsStreamsAlive) else None
+
     def context(request: Request) -> OpenAIHttpCall:
         rid = request_id_var.get() or request.headers.get("x-request-id") or ""
         return OpenAIHttpCall(request_id=rid, headers=dict(request.headers))
@@ -149,6 +200,24 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
             return Response(_dump(result), media_type="application/json", headers=ctx.response_headers)
         return StreamingResponse(
             _sse(result),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", **ctx.response_headers},
+        )
+
+    async def answer(call: Awaitable[Any], stream: bool, ctx: OpenAIHttpCall) -> Response:
+        """The backend's answer; a stream whose answer takes over `keepalive_s` starts with comments."""
+        if not stream or not keepalive_s:
+            return respond(await call, ctx)
+        pending = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({pending}, timeout=keepalive_s)
+        except BaseException:  # the client left
+            pending.cancel()
+            raise
+        if done:
+            return respond(pending.result(), ctx)
+        return StreamingResponse(
+            _sse_once_answered(pending, keepalive_s),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", **ctx.response_headers},
         )
@@ -169,7 +238,7 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
         try:
             req = await _parse(request, CompletionRequest)
             req.unsupported()
-            return respond(await backend.completions(req, ctx), ctx)
+            return await answer(backend.completions(req, ctx), bool(req.stream), ctx)
         except ServingError as exc:
             return error_response(exc, ctx.response_headers)
 
@@ -178,7 +247,7 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
         try:
             req = await _parse(request, ChatCompletionRequest)
             req.unsupported()
-            return respond(await backend.chat_completions(req, ctx), ctx)
+            return await answer(backend.chat_completions(req, ctx), bool(req.stream), ctx)
         except ServingError as exc:
             return error_response(exc, ctx.response_headers)
 

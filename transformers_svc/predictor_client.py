@@ -5,6 +5,11 @@ whole answers, `ModelStreamInfer` with the `stream` input for token streams. Raw
 
 Every failure becomes a ServingError: the predictor's own 4xx pass through with its message and
 field; unreachable, slow or failing becomes 503.
+
+With --predictor-hold-s on, a miss to a predictor not known ready (no answer within
+--speculate-warm-window-s, or its channel not connected) first waits until gRPC ServerReady says it
+is ready (transformers_svc/held_misses.py: the per-tenant cap, the shared wait, the measured start
+time); the judge's calls never wait (they are part of a lookup, and hits must not wait).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, TypeVar
 
 import grpc
 from kserve.errors import InvalidInput
+from kserve.protocol.grpc import grpc_predict_v2_pb2 as kserve_pb
 
 from semserve import tracing, v2
 from semserve.answer import Piece
@@ -30,7 +36,9 @@ from semserve.v2 import grpc_service as service
 from semserve.v2 import grpc_tensors as tensors
 from semserve.v2 import inference_pb2 as pb
 from transformers_svc import metrics
+from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
+from transformers_svc.held_misses import HeldMisses
 
 log = get_logger("semserve.transformer.upstream")
 _T = TypeVar("_T")
@@ -59,8 +67,17 @@ class PredictorClient:
         # When the predictor last answered (time.monotonic()), None before its first answer: a
         # predictor that answered recently is up, so speculating on it wakes nothing.
         self.last_answered: float | None = None
+        # Holding (--predictor-hold-s): when ServerReady last said ready, and when a call last
+        # found the predictor unavailable (it is not known ready after that until it answers).
+        self._ready_at: float | None = None
+        self._failed_at: float | None = None
+        self.held: HeldMisses | None = None
+        if settings.predictor_hold_s > 0:
+            self.held = HeldMisses(
+                self.model, settings.held_misses_per_tenant, settings.predictor_start_s, self._server_ready
+            )
 
-    def _call(self, method: str, *, stream: bool) -> Any:
+    def _open(self) -> grpc.aio.Channel:
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(
                 self.settings.predictor_host,
@@ -73,21 +90,67 @@ class PredictorClient:
                     ("grpc.max_reconnect_backoff_ms", 2000),
                 ],
             )
+        return self._channel
+
+    def _call(self, method: str, *, stream: bool) -> Any:
+        channel = self._open()
         if stream:
-            return self._channel.stream_stream(
+            return channel.stream_stream(
                 method,
                 request_serializer=pb.ModelInferRequest.SerializeToString,
                 response_deserializer=pb.ModelStreamInferResponse.FromString,
             )
-        return self._channel.unary_unary(
+        return channel.unary_unary(
             method,
             request_serializer=pb.ModelInferRequest.SerializeToString,
             response_deserializer=pb.ModelInferResponse.FromString,
         )
 
     async def close(self) -> None:
+        if self.held is not None:
+            await self.held.close()
         if self._channel is not None:
             await self._channel.close()
+
+    # -- holding misses while the predictor is not ready --------------------------------------------
+
+    async def _server_ready(self, within_s: float) -> bool:
+        """gRPC ServerReady, waiting for the channel to connect (a predictor process not started
+        yet) at most `within_s`; False for any failure."""
+        call = self._open().unary_unary(
+            f"/{service.SERVICE}/ServerReady",
+            request_serializer=kserve_pb.ServerReadyRequest.SerializeToString,
+            response_deserializer=kserve_pb.ServerReadyResponse.FromString,
+        )
+        try:
+            response = await call(kserve_pb.ServerReadyRequest(), timeout=within_s, wait_for_ready=True)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(response.ready)
+
+    def _known_ready(self) -> bool:
+        seen = max(self.last_answered or 0.0, self._ready_at or 0.0)
+        if not seen or (self._failed_at is not None and self._failed_at >= seen):
+            return False
+        if time.monotonic() - seen > self.settings.speculate_warm_window_s:
+            return False
+        return self._open().get_state() == grpc.ChannelConnectivity.READY
+
+    async def _until_ready(self) -> None:
+        """With holding on, a miss to a predictor not known ready waits until it is (or is refused:
+        the tenant's cap of held misses, or --predictor-hold-s without it becoming ready)."""
+        if self.held is None or self._known_ready():
+            return
+        tenant = tenant_var.get() or self.settings.tenant
+        await self.held.wait_ready(tenant, self.settings.predictor_hold_s)
+        self._ready_at = time.monotonic()
+
+    def _answered(self) -> None:
+        self.last_answered = time.monotonic()
+
+    def _unavailable(self, exc: ServingError) -> None:
+        if isinstance(exc, Unavailable):
+            self._failed_at = time.monotonic()
 
     def _request(
         self, prompt: Prompt, options: SamplingOptions, request_id: str, *, stream: bool
@@ -132,7 +195,7 @@ class PredictorClient:
         def request() -> pb.ModelInferRequest:
             return self._request(prompt, options, request_id, stream=False)
 
-        return await self._unary(request, request_id, span, self.model, _piece)
+        return await self._unary(request, request_id, span, self.model, _piece, hold=True)
 
     async def judge(self, query: str, cached: str, request_id: str) -> float:
         """The predictor's P(one answer fits both prompts), from its `{model}-judge` model
@@ -153,10 +216,14 @@ class PredictorClient:
         span: Any,
         model: str,
         parse: Callable[[pb.ModelInferResponse], _T],
+        hold: bool = False,
     ) -> _T:
-        """One ModelInfer, with the span, gRPC status and call metrics every unary call records."""
+        """One ModelInfer, with the span, gRPC status and call metrics every unary call records;
+        `hold`: after waiting for a predictor not known ready (with holding on)."""
         try:
             try:
+                if hold:
+                    await self._until_ready()
                 response = await self._call(service.MODEL_INFER, stream=False)(
                     build(),
                     timeout=self.settings.predictor_timeout_s,
@@ -170,11 +237,12 @@ class PredictorClient:
         except ServingError as exc:
             metrics.PREDICTOR_CALLS.labels(model, "grpc", metrics.outcome_of(exc)).inc()
             tracing.fail(span, exc)
+            self._unavailable(exc)
             raise
         finally:
             span.end()
         metrics.PREDICTOR_CALLS.labels(model, "grpc", "ok").inc()
-        self.last_answered = time.monotonic()
+        self._answered()
         return result
 
     async def stream(self, prompt: Prompt, options: SamplingOptions, request_id: str) -> AsyncIterator[Piece]:
@@ -183,13 +251,16 @@ class PredictorClient:
         # An async generator runs in its consumer's context: the span is started, not made current,
         # and ended here whether the stream completes, fails or is closed early.
         span = self._span("ModelStreamInfer", _prompt_kind(prompt))
-        call = self._call(service.MODEL_STREAM_INFER, stream=True)(
-            timeout=self.settings.predictor_timeout_s, metadata=self._metadata(request_id, span)
-        )
+        call: Any = None
         pieces = 0
         finished = False
         try:
             try:
+                await self._until_ready()
+                # Made after the wait: the call's deadline starts when it is made.
+                call = self._call(service.MODEL_STREAM_INFER, stream=True)(
+                    timeout=self.settings.predictor_timeout_s, metadata=self._metadata(request_id, span)
+                )
                 await call.write(self._request(prompt, options, request_id, stream=True))
                 await call.done_writing()
                 async for message in call:
@@ -203,7 +274,7 @@ class PredictorClient:
                     ))
                     if piece.text or piece.finish_reason:
                         pieces += 1
-                        self.last_answered = time.monotonic()
+                        self._answered()
                         yield piece
                 if not finished:
                     raise Unavailable("the predictor's stream ended before its final response")
@@ -214,9 +285,12 @@ class PredictorClient:
         except ServingError as exc:
             metrics.PREDICTOR_CALLS.labels(self.model, "grpc-stream", metrics.outcome_of(exc)).inc()
             tracing.fail(span, exc)
+            self._unavailable(exc)
             raise
         finally:
-            if finished:
+            if call is None:
+                pass  # refused or cancelled while held: no call was made
+            elif finished:
                 # The answer is whole; the server ends the call by itself. Cancelling now could
                 # still reach its generation in its last step and count as an abort.
                 _let_finish(call)
