@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -55,7 +56,8 @@ def test_alert_and_dashboard_metrics_exist(rendered: dict[str, list[dict[str, An
     assert "semserve_cache_lookups_total" in known and "semserve_cache_redis_errors_total" in known
     base = rendered["base"]
     rules = str(by_kind(base, "PrometheusRule")[0]["spec"])
-    dashboard = by_kind(base, "ConfigMap")[0]["data"]["semserve.json"]
+    (board,) = [d for d in by_kind(base, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
+    dashboard = board["data"]["semserve.json"]
     for source, text in (("alerts", rules), ("dashboard", dashboard)):
         unknown = used_names(text) - known
         assert not unknown, f"{source} uses metrics nobody exports: {sorted(unknown)}"
@@ -68,6 +70,20 @@ def test_alert_and_dashboard_metrics_exist(rendered: dict[str, list[dict[str, An
         "SemserveCacheHitRatioCollapse",
         "SemserveLatencyP99High",
         "SemservePredictorColdStarts",
+        "SemserveTenantsShedSaturated",
     } <= alerts
     for word in ("hit ratio", "latency", "first token", "Tokens/s", "Replicas"):
         assert word.lower() in dashboard.lower()
+    # Issue 27's Tenants row: refusals by tenant and reason, tokens admitted vs used, limits failing
+    # open.
+    panels = json.loads(dashboard)["panels"]
+    (row,) = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Tenants"]
+    tenants = " ".join(t["expr"] for p in panels[row + 1 :] for t in p.get("targets", []))
+    for name in (
+        "semserve_tenant_refused_total",
+        "semserve_tenant_tokens_admitted_total",
+        "semserve_tenant_tokens_used_total",
+        "semserve_tenant_limits_fail_open_total",
+    ):
+        assert name in tenants, name
+    assert "by (tenant, reason)" in tenants

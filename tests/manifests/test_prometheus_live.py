@@ -1,5 +1,7 @@
 """A real Prometheus (Debian's) scraping the suite's predictor and transformer under a short load:
 every dashboard query returns data, and every recording and alerting rule evaluates without error.
+A second transformer with a tenant limit (one request a minute) is scraped too, and pushed over it,
+so the Tenants row's refusals have series.
 
 The scrape targets carry the labels the PodMonitors give them in a cluster (job, namespace,
 serving_kserve_io_inferenceservice), so the queries run exactly as the dashboard sends them."""
@@ -17,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import FRANCE, LOG_DIR, Predictor, Transformer
+from tests.conftest import FRANCE, LOG_DIR, Predictor, Transformer, start_transformer
 from tests.prometheus import binary, dashboard_queries, write_rules
 from tests.support import free_port
 
@@ -25,20 +27,38 @@ NAMESPACE = "local"
 SCRAPE_S = 1
 
 
-def _target(job: str, http_url: str) -> dict:
+def _target(job: str, *http_urls: str) -> dict:
     return {
         "job_name": job,
         "scrape_interval": f"{SCRAPE_S}s",
         "static_configs": [{
-            "targets": [http_url.removeprefix("http://")],
+            "targets": [url.removeprefix("http://") for url in http_urls],
             "labels": {"namespace": NAMESPACE, "serving_kserve_io_inferenceservice": "local"},
         }],
     }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
+def limited(
+    predictor: Predictor, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Transformer]:
+    """A second transformer with a tenant limit of one request a minute, so that the Tenants row's
+    refusals have series: the suite's transformer has no limits file."""
+    limits = tmp_path_factory.mktemp("limits") / "limits.json"
+    limits.write_text('{"default": {"requests_per_minute": 1}}')
+    t = start_transformer("prom-limits", predictor.grpc, redis_url, "--tenant-limits-file", str(limits))
+    try:
+        yield t
+    finally:
+        t.process.stop()
+
+
+@pytest.fixture(scope="module")
 def prometheus(
-    predictor: Predictor, transformer: Transformer, tmp_path_factory: pytest.TempPathFactory
+    predictor: Predictor,
+    transformer: Transformer,
+    limited: Transformer,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
     work: Path = tmp_path_factory.mktemp("prometheus")
     write_rules(work / "rules.yaml", interval_s=SCRAPE_S)
@@ -47,7 +67,7 @@ def prometheus(
         "rule_files": [str(work / "rules.yaml")],
         "scrape_configs": [
             _target("semserve-predictor", predictor.http),
-            _target("semserve-transformer", transformer.http),
+            _target("semserve-transformer", transformer.http, limited.http),
         ],
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -96,6 +116,18 @@ def _load(predictor: Predictor, transformer: Transformer) -> None:
         r.read()
 
 
+def _over_the_limit(limited: Transformer) -> None:
+    """A miss the limit admits, then calls it refuses (429): the Tenants row's series."""
+    ref = uuid.uuid4().hex[:6]
+    codes = []
+    for i in range(3):
+        body = {"model": "llm", "messages": [{"role": "user", "content": f"Name a colour. ({ref}{i})"}],
+                "temperature": 0, "max_tokens": 4}  # fmt: skip
+        r = httpx.post(f"{limited.openai_base}/chat/completions", json=body, timeout=120)
+        codes.append(r.status_code)
+    assert 429 in codes and set(codes) <= {200, 429}, codes
+
+
 def _query(base: str, expr: str) -> list[dict]:
     r = httpx.get(f"{base}/api/v1/query", params={"query": expr}, timeout=30)
     assert r.status_code == 200, f"{expr}: {r.text}"
@@ -112,7 +144,7 @@ def _scraped(base: str, job: str, times: int) -> bool:
 
 
 def test_every_dashboard_query_returns_data(
-    prometheus: str, predictor: Predictor, transformer: Transformer
+    prometheus: str, predictor: Predictor, transformer: Transformer, limited: Transformer
 ) -> None:
     # Rates need samples before the load: a counter's first sample is no increase.
     deadline = time.monotonic() + 60
@@ -120,12 +152,14 @@ def test_every_dashboard_query_returns_data(
         assert time.monotonic() < deadline, "prometheus did not scrape both targets 3 times in 60 s"
         time.sleep(SCRAPE_S)
     _load(predictor, transformer)
+    _over_the_limit(limited)
     queries = dashboard_queries(NAMESPACE)
     assert len(queries) >= 15
     # A labelled series is born at its first observation, and its first sample is no increase to
     # rate(): a second round, after a scrape, is what a stack under steady traffic looks like.
     time.sleep(3 * SCRAPE_S)
     _load(predictor, transformer)
+    _over_the_limit(limited)
     empty: list[str] = []
     deadline = time.monotonic() + 40
     while True:

@@ -28,6 +28,9 @@ def _lookups(ns: str, result: str, values: str) -> dict[str, str]:
 
 
 _REDIS_ERRORS = 'semserve_cache_redis_errors_total{{namespace="{ns}",model_name="llm"}}'
+_REFUSED = (
+    'semserve_tenant_refused_total{{namespace="{ns}",model_name="llm",tenant="{tenant}",reason="{reason}"}}'
+)
 # hot as Prometheus 2.x stores vLLM's gauge (OpenMetrics scrape: `vllm_`), cold as vLLM names it.
 _WAITING = '{name}{{namespace="{ns}",model_name="llm",pod="p"}}'
 
@@ -91,6 +94,18 @@ CASES: dict[str, tuple[str, str, list[dict[str, str]], dict[str, str]]] = {
             {"series": _WAITING.format(name="vllm:num_requests_waiting", ns="cold"), "values": "3x20"},
         ],
         {"namespace": "hot", "severity": "warning"},
+    ),
+    "SemserveTenantsShedSaturated": (
+        "1m", "20m",
+        [
+            # hot: 10 misses a minute shed as saturated. cold: a noisy tenant over its fair share
+            # (its own business, not the operator's) and one saturated shed in 20 minutes.
+            {"series": _REFUSED.format(ns="hot", tenant="noisy", reason="saturated"), "values": "0+10x30"},
+            {"series": _REFUSED.format(ns="hot", tenant="quiet", reason="saturated"), "values": "0+1x30"},
+            {"series": _REFUSED.format(ns="cold", tenant="noisy", reason="fair_share"), "values": "0+30x30"},
+            {"series": _REFUSED.format(ns="cold", tenant="quiet", reason="saturated"), "values": "0x10 1x20"},
+        ],
+        {"namespace": "hot", "model_name": "llm", "severity": "warning"},
     ),
 }  # fmt: skip
 
