@@ -1,6 +1,7 @@
 """Real process kills under load: Redis SIGKILLed and restarted (with its AOF, then empty), and the
 predictor's engine SIGKILLed (the predictor answers errors), then the whole predictor SIGKILLed and
-started again on the same ports.
+started again on the same ports (meanwhile a transformer that holds misses, --predictor-hold-s, is
+asked: tests/transformers_svc/test_waking.py).
 
 The load is `bench.soak` (mixed v2 REST/gRPC and OpenAI, streaming or not, exact/paraphrase/miss),
 so every answer served during and after the faults is checked against the predictor's own
@@ -29,6 +30,7 @@ import redis
 from bench.soak import Endpoint, Sent, SoakReport, soak, summary
 from tests.conftest import Predictor, Transformer, start_transformer
 from tests.support import ServerProcess, free_port, http_ready, metric_value
+from tests.transformers_svc.test_waking import HOLD_FLAGS, check_waking, held_while_down
 
 # A request that waits on a dead peer must still end within this (the transformer's budgets are
 # far below it; the soak's own client timeout is 120 s).
@@ -158,11 +160,21 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
 ) -> None:
     t = start_transformer("predictor-kill", predictor.grpc, redis_url,
                           "--predictor-timeout-s", "20")
+    # A second transformer holds misses while the predictor is down (--predictor-hold-s): what its
+    # waiting clients see is checked by tests/transformers_svc/test_waking.py's check_waking.
+    try:
+        holding = start_transformer("predictor-kill-hold", predictor.grpc, redis_url,
+                                    "--predictor-timeout-s", "20", *HOLD_FLAGS)
+    except BaseException:
+        t.process.stop()
+        raise
     stored = f"Name a tree ({uuid.uuid4().hex[:6]})."
     probes: dict[str, Any] = {}
     try:
         assert cache_status(v2(t, stored)) == "miss"
         assert cache_status(v2(t, stored)) == "exact"
+        assert cache_status(v2(holding, stored)) == "miss"
+        assert cache_status(v2(holding, stored)) == "exact"
 
         async def faults(stop: asyncio.Event) -> None:
             t0 = time.monotonic()
@@ -182,6 +194,9 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
             log_line(f"predictor exited {probes['exit_code']}", t0)
             # 2. Whatever is left of the predictor is SIGKILLed; it is down altogether.
             kill_group(proc)
+            # Requests to the holding transformer arrive now, before the predictor is started again.
+            probes["down_since"] = time.monotonic()
+            waking = asyncio.ensure_future(held_while_down(holding.http, predictor.http, stored))
             probes["process_dead"] = await asyncio.to_thread(probe_down, t, stored)
             await asyncio.sleep(5)
             # 3. Started again on the same ports; the transformer finds it by itself.
@@ -190,6 +205,8 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
             await asyncio.to_thread(restarted.wait_until, http_ready(f"{predictor.http}/v2/health/ready"),
                                     600, "restarted predictor")
             log_line("predictor ready again", t0)
+            probes["waking"] = await waking
+            log_line("the held requests answered", t0)
             # The restarted engine found what the first start compiled (its cache line says so).
             probes["restart_compile_cache"] = compile_cache_lines(restarted.log_path)[-1]
             probes["recovered"] = await asyncio.to_thread(until_miss_answered, t)
@@ -212,6 +229,7 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
             assert "INTERNAL" not in text, (phase, miss)
             assert elapsed < LATENCY_BOUND_MS / 1000, (phase, miss)
         assert probes["exit_code"] is not None and probes["exit_code"] != 0, probes
+        check_waking(probes["waking"], probes["down_since"])
         assert probes["recovered"] == "miss"
         assert probes["restart_compile_cache"]["warm"] is True, probes["restart_compile_cache"]
         assert probes["restart_compile_cache"]["files"] > 0, probes["restart_compile_cache"]
@@ -228,6 +246,7 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
         assert t.process.proc is not None and t.process.proc.poll() is None
     finally:
         t.process.stop()
+        holding.process.stop()
 
 
 def compile_cache_lines(log: Path) -> list[dict[str, Any]]:
