@@ -249,3 +249,17 @@ PREDICTOR_START_ESTIMATE = Gauge(
     "start was measured, then the last one measured (refusals' Retry-After comes from it).",
     ("model_name",),
 )
+
+
+# -- the fair queue (transformers_svc/fair_queue.py) -------------------------------------------------
+ADMISSION_QUEUE_SECONDS = Histogram(
+    "semserve_admission_queue_seconds",
+    "Time a miss waited in the fair queue for its turn and room at the predictor, by tenant.",
+    ("model_name", "tenant"),
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+ADMISSION_QUEUE_DEPTH = Gauge(
+    "semserve_admission_queue_depth",
+    "Misses waiting now in the fair queue for their turn and room at the predictor.",
+    ("model_name",),
+)
