@@ -457,9 +457,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only this: `python -c 'import kserve'` and a warm transformer start, "
                         "alternated --runs times in one run; their ratio (goal <= 1.5x) and the start's "
                         "phases (with --seed-predictor, also the first exact hit after ready)")
-    parser.add_argument("--baseline-root", default="", metavar="DIR",
+    parser.add_argument("--baseline-root", action="append", default=[], metavar="[NAME=]DIR",
                         help="with --transformer-vs-kserve: also start the transformer from the source "
-                        "tree DIR (e.g. a git worktree of an older commit; same venv) in every round")
+                        "tree DIR (e.g. `git archive` of an older commit; same venv) in every round "
+                        "(repeatable)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -17,8 +17,9 @@ that path: the cache connects and checks its index beside the servers (it fails 
 shows in the first answer, which is measured when `--seed-predictor` names a predictor to seed one
 exact hit through: the first request after ready must then be that hit.
 
-`--baseline-root DIR` adds a third subject: the transformer run from another source tree (a git
-worktree of an older commit, same venv), for before/after figures in the same run.
+`--baseline-root NAME=DIR` (repeatable) adds a subject: the transformer run from another source
+tree (e.g. `git archive` of an older commit, or this tree less one lever; same venv), for
+before/after and per-lever figures in the same run.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Round:
     index: int
     import_kserve_s: float
     transformer: cs.Run
-    baseline: cs.Run | None = None
+    baselines: dict[str, cs.Run] = field(default_factory=dict)
     loadavg: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
@@ -72,12 +73,14 @@ class Report:
             vs = [v for v in values if v is not None]
             return statistics.median(vs) if vs else None
 
+        names = dict.fromkeys(n for r in self.rounds for n in r.baselines)
         return {
             "import_kserve_s": med([r.import_kserve_s for r in self.rounds]),
             "transformer_ready_s": med([r.transformer.ready_s for r in self.rounds]),
-            "baseline_ready_s": med([r.baseline.ready_s if r.baseline else None for r in self.rounds]),
             "ratio": med([r.ratio for r in self.rounds]),
             "first_answer_after_ready_s": med([r.transformer.answer_after_ready_s for r in self.rounds]),
+            **{f"baseline.{n}.ready_s": med([r.baselines[n].ready_s if n in r.baselines else None
+                                             for r in self.rounds]) for n in names},
         }
 
 
@@ -146,7 +149,7 @@ def _seed(redis_url: str, predictor_grpc: str) -> None:
         cs._stop(seeder)
 
 
-def run_rounds(runs: int, seed_predictor: str = "", baseline_root: Path | None = None) -> Report:
+def run_rounds(runs: int, seed_predictor: str = "", baselines: dict[str, Path] | None = None) -> Report:
     cs.LOG_DIR.mkdir(parents=True, exist_ok=True)
     # The prepared embedder a transformer image ships (a no-op when .cache/embedder has it).
     subprocess.run([sys.executable, "-m", "semserve", "embedder", "prepare"], check=True, cwd=cs.ROOT,
@@ -161,18 +164,19 @@ def run_rounds(runs: int, seed_predictor: str = "", baseline_root: Path | None =
                 ("import", _import_kserve),
                 ("transformer", lambda i=i: _start_transformer("this", i, redis_url, bool(seed_predictor))),
             ]
-            if baseline_root is not None:
-                steps.append(("baseline", lambda i=i: _start_transformer(
-                    "baseline", i, redis_url, bool(seed_predictor), root=baseline_root)))
+            for name, root in (baselines or {}).items():
+                steps.append((f"baseline.{name}", lambda i=i, name=name, root=root: _start_transformer(
+                    name, i, redis_url, bool(seed_predictor), root=root)))
             if i % 2:
                 steps.reverse()
             got = {name: step() for name, step in steps}
-            rnd = Round(i, got["import"], got["transformer"], got.get("baseline"), load)
+            rnd = Round(i, got.pop("import"), got.pop("transformer"),
+                        {k.removeprefix("baseline."): v for k, v in got.items()}, load)
             report.rounds.append(rnd)
-            t, b = rnd.transformer, rnd.baseline
+            t = rnd.transformer
+            others = "".join(f"  {n} {cs._fmt(b.ready_s)}" for n, b in rnd.baselines.items())
             print(f"  round {i}: import kserve {rnd.import_kserve_s:5.2f} s  transformer ready "
-                  f"{cs._fmt(t.ready_s)}  ratio {_x(rnd.ratio)}"
-                  f"{f'  baseline ready {cs._fmt(b.ready_s)}' if b else ''}  load {load[0]:.1f}"
+                  f"{cs._fmt(t.ready_s)}  ratio {_x(rnd.ratio)}{others}  load {load[0]:.1f}"
                   f"{'  ERROR ' + t.error if t.error else ''}", flush=True)
     return report
 
@@ -207,10 +211,16 @@ def markdown(report: Report, runs: int) -> str:
         f"| transformer start -> ready | {len(readies)} | {_s(m['transformer_ready_s'])} | "
         f"{_s(min(readies, default=None))}-{_s(max(readies, default=None))} |",
     ]
-    baselines = [r.baseline.ready_s for r in report.rounds if r.baseline and r.baseline.ready_s]
-    if baselines:
-        rows.append(f"| baseline tree's transformer -> ready | {len(baselines)} | "
-                    f"{_s(m['baseline_ready_s'])} | {_s(min(baselines))}-{_s(max(baselines))} |")
+    for name in dict.fromkeys(n for r in report.rounds for n in r.baselines):
+        vs = [r.baselines[name].ready_s for r in report.rounds
+              if name in r.baselines and r.baselines[name].ready_s is not None]
+        gain = [r.baselines[name].ready_s - r.transformer.ready_s for r in report.rounds
+                if name in r.baselines and r.baselines[name].ready_s is not None
+                and r.transformer.ready_s is not None]
+        rows.append(f"| transformer from `{name}` -> ready (this tree's gain over it: median "
+                    f"{_s(statistics.median(gain) if gain else None)} s) | {len(vs)} | "
+                    f"{_s(m.get(f'baseline.{name}.ready_s'))} | "
+                    f"{_s(min(vs, default=None))}-{_s(max(vs, default=None))} |")
     if m["first_answer_after_ready_s"] is not None:
         rows.append(f"| first exact hit after ready | {len(readies)} | "
                     f"{_s(m['first_answer_after_ready_s'])} | - |")
@@ -235,8 +245,12 @@ def markdown(report: Report, runs: int) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    baseline = Path(args.baseline_root).resolve() if args.baseline_root else None
-    report = run_rounds(args.runs, args.seed_predictor, baseline)
+    baselines: dict[str, Path] = {}
+    for spec in args.baseline_root:
+        name, _, root = spec.rpartition("=")
+        path = Path(root).resolve()
+        baselines[name or path.name] = path
+    report = run_rounds(args.runs, args.seed_predictor, baselines)
     text = markdown(report, args.runs)
     print()
     print(text)
