@@ -1,0 +1,181 @@
+"""Whether the predictor has room for another miss, from the predictor's own metrics (issue 27
+item 5), as llm-d's gateway decides: vLLM's `vllm:num_requests_waiting` (requests its scheduler
+holds because the running batch is full) and `vllm:kv_cache_usage_perc` (a fraction, 0-1), read
+from the predictor's Prometheus endpoint every `poll_s` (and sooner, at most every `MIN_GAP_S`,
+when a miss waits for room).
+
+Between two reads this transformer counts the misses it admitted since the last read and that
+have not ended (`pending`): they are not in the figures yet. Room: waiting + pending below
+`max_waiting`, and KV use at most `max_kv`. Several replicas read the same predictor, so its
+signal couples them.
+
+The endpoint unreadable (wrong URL, predictor starting): one warning line, and every miss is
+admitted (fail open) until a read succeeds again (one info line then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from semserve.logs import get_logger
+
+if TYPE_CHECKING:
+    import httpx
+
+log = get_logger("semserve.transformer.saturation")
+
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+MIN_GAP_S = 0.02  # the soonest a waiting miss makes the next read
+READ_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class PredictorLoad:
+    waiting: float  # requests waiting in the predictor's scheduler (all engines)
+    kv_usage: float  # the fullest engine's KV cache use, 0-1
+
+
+def parse_load(text: str) -> PredictorLoad | None:
+    """The two series from a Prometheus text page; None when the page has neither (not vLLM)."""
+    waiting: float | None = None
+    kv: float | None = None
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in (WAITING, KV_USAGE):
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if name == WAITING:
+            waiting = (waiting or 0.0) + value
+        else:
+            kv = max(kv or 0.0, value)
+    if waiting is None and kv is None:
+        return None
+    return PredictorLoad(waiting or 0.0, kv or 0.0)
+
+
+def has_room(load: PredictorLoad | None, pending: int, max_waiting: int, max_kv: float) -> bool:
+    """Room for one more miss: none known (fail open), or waiting + pending below `max_waiting` and
+    KV use at most `max_kv`."""
+    if load is None:
+        return True
+    return load.waiting + pending < max_waiting and load.kv_usage <= max_kv
+
+
+def metrics_url_of(predictor_host: str) -> str:
+    """The predictor's HTTP /metrics from its gRPC address: the port below the gRPC one (KServe's
+    8080/8081, the predictor's 8090/8091); Knative's single port 80 as it is."""
+    host, _, port = predictor_host.rpartition(":")
+    if not host or not port.isdigit():
+        return f"http://{predictor_host}/metrics"
+    p = int(port)
+    http_port = p if p in (80, 443) else p - 1
+    return f"http://{host}:{http_port}/metrics"
+
+
+class Saturation:
+    """The fair queue's Room: the last read of the predictor's load and the misses since."""
+
+    def __init__(self, url: str, poll_s: float, max_waiting: int, max_kv: float) -> None:
+        self.url, self.poll_s, self.max_waiting, self.max_kv = url, poll_s, max_waiting, max_kv
+        self.load: PredictorLoad | None = None
+        self.readable = True
+        # Misses admitted and not ended, by the read during or after whose start they were
+        # admitted: a read that started after a miss was admitted has it in its figures.
+        self._pending: dict[int, int] = {}
+        self._read = 0  # reads started so far
+        self._callbacks: list[Callable[[], None]] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.last_read = 0.0
+
+    # -- Room ---------------------------------------------------------------------------------------
+
+    def has_room(self) -> bool:
+        self._start()
+        return has_room(self.load, self.pending, self.max_waiting, self.max_kv)
+
+    @property
+    def pending(self) -> int:
+        return sum(self._pending.values())
+
+    def admitted(self) -> object:
+        self._pending[self._read] = self._pending.get(self._read, 0) + 1
+        return self._read
+
+    def released(self, token: object) -> None:
+        if isinstance(token, int) and self._pending.get(token, 0) > 0:  # not in a read yet
+            self._pending[token] -= 1
+
+    def wanted(self) -> None:
+        self._start()
+        if self._wake is not None:
+            self._wake.set()
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._task is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._wake = asyncio.Event()
+        self._task = loop.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        import httpx  # here: the transformer's start does not pay for it
+
+        assert self._wake is not None
+        async with httpx.AsyncClient(timeout=READ_TIMEOUT_S) as client:
+            while True:
+                await self.read(client)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.poll_s):
+                        await self._wake.wait()
+                self._wake.clear()
+                await asyncio.sleep(MIN_GAP_S)
+
+    async def read(self, client: httpx.AsyncClient) -> None:
+        """One read of the predictor's load; then whoever waits for room looks again."""
+        import httpx
+
+        self._read += 1
+        started = self._read
+        try:
+            resp = await client.get(self.url)
+            resp.raise_for_status()
+            load = parse_load(resp.text)
+            if load is None:
+                raise ValueError(f"no {WAITING} or {KV_USAGE} series")
+        except (httpx.HTTPError, ValueError) as exc:
+            if self.readable:
+                log.warning("predictor_metrics_unreadable", url=self.url,
+                            error=f"{type(exc).__name__}: {exc}",
+                            effect="fair admission admits every miss (fail open) until they are readable")
+            self.readable = False
+            self.load = None
+        else:
+            if not self.readable:
+                log.info("predictor_metrics_readable", url=self.url)
+            self.readable = True
+            self.load = load
+        # Misses admitted before this read started are in its figures (or finished).
+        self._pending = {k: v for k, v in self._pending.items() if k >= started and v}
+        self.last_read = time.monotonic()
+        for callback in self._callbacks:
+            callback()
