@@ -109,3 +109,34 @@ class TransformerSettings(ServerSettings):
         "transformer has measured one (then the last measured); default: bench/RESULTS.md's warm "
         "start on CPU.",
     )
+    fair_admission: bool = setting(
+        True,
+        "Token-fair admission of misses (transformers_svc/fair_queue.py, VTC): misses wait here while "
+        "the predictor has no room (--fair-max-waiting, --fair-max-kv-cache-usage, read from its "
+        "metrics) and go in the order of their tenants' weighted token counters; a miss that would "
+        "wait over --fair-max-wait-s is refused at once (429 fair_share / 503). --no-fair-admission: "
+        "every miss goes straight to the predictor.",
+    )
+    predictor_metrics_url: str = setting(
+        "",
+        "The predictor's Prometheus endpoint, read for its room (vllm:num_requests_waiting, "
+        "vllm:kv_cache_usage_perc); empty: http://<predictor host>:<its gRPC port - 1>/metrics (port "
+        "80 kept). Unreadable: one warning, and fair admission admits every miss (fail open).",
+    )
+    fair_poll_s: float = setting(
+        0.1, "How often the predictor's metrics are read (sooner, at most every 20 ms, while misses wait)."
+    )
+    fair_max_waiting: int = setting(
+        2,
+        "The predictor has room while its waiting requests plus the misses this transformer admitted "
+        "since its last read are below this.",
+    )
+    fair_max_kv_cache_usage: float = setting(
+        0.95, "The predictor has room while its KV cache use (0-1) is at most this."
+    )
+    fair_max_wait_s: float = setting(
+        60.0,
+        "A miss whose estimated wait in the fair queue (misses ahead / measured admission rate) is "
+        "over this is refused at once with Retry-After: 429 (fair_share) when its tenant holds more "
+        "than its weighted share of the predictor, else 503.",
+    )

@@ -23,11 +23,13 @@ from transformers_svc.answer_pipeline import AnswerPipeline
 from transformers_svc.auth import Authenticator
 from transformers_svc.auth_middleware import GrpcAuth, HttpAuth
 from transformers_svc.config import TransformerSettings
+from transformers_svc.fair_queue import FairQueue
 from transformers_svc.judge import PredictorJudge
 from transformers_svc.model import SemanticCacheTransformer
 from transformers_svc.openai_backend import TransformerOpenAI
 from transformers_svc.predictor_client import PredictorClient
 from transformers_svc.request_log import RequestLog
+from transformers_svc.saturation import Saturation, metrics_url_of
 from transformers_svc.tenant_quota import TenantQuotas
 
 log = logs.get_logger("semserve.transformer")
@@ -77,6 +79,18 @@ def build_admission(
                      retry_s=cache_settings.degraded_retry_s, fair=fair)
 
 
+def build_fair_queue(settings: TransformerSettings) -> FairQueue | None:
+    """Token-fair admission (--fair-admission) behind the predictor's room, read from its metrics;
+    None when it is off."""
+    if not settings.fair_admission:
+        return None
+    url = settings.predictor_metrics_url or metrics_url_of(settings.predictor_host)
+    room = Saturation(url, settings.fair_poll_s, settings.fair_max_waiting, settings.fair_max_kv_cache_usage)
+    log.info("fair_admission", predictor_metrics=url, max_waiting=settings.fair_max_waiting,
+             max_kv_cache_usage=settings.fair_max_kv_cache_usage, max_wait_s=settings.fair_max_wait_s)
+    return FairQueue(settings.model_name, room, settings.fair_max_wait_s)
+
+
 def assemble(
     settings: TransformerSettings,
     cache_settings: CacheSettings,
@@ -86,7 +100,8 @@ def assemble(
     if settings.workers > 1:
         log.warning("workers_ignored", workers=settings.workers,
                     reason="one process per pod; scale with replicas")
-    admission = build_admission(settings, cache_settings)  # first: a bad limits file stops at once
+    # First: a bad limits file stops at once.
+    admission = build_admission(settings, cache_settings, build_fair_queue(settings))
     auth = Authenticator.from_files(settings.api_keys_file, settings.admin_keys_file, settings.tenant)
     log.info("auth", enabled=auth.enabled)
     predictor = PredictorClient(settings)
