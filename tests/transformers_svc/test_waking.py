@@ -148,8 +148,9 @@ async def held_while_down(http: str, predictor_http: str, stored: str) -> Waking
             await oa.close()
 
         async def v2_stream() -> None:
+            # ignore_eos: eight pieces of text whatever the model makes of the prompt.
             body = {"text_input": f"Describe a desert ({tag}).",
-                    "parameters": {"max_tokens": 8, "temperature": 0}}
+                    "parameters": {"max_tokens": 8, "temperature": 0, "ignore_eos": True}}
             async with client.stream("POST", f"{http}/v2/models/llm/generate_stream", json=body) as r:
                 seen.v2_status = r.status_code
                 async for line in r.aiter_lines():
@@ -227,7 +228,8 @@ def check_waking(seen: Waking, down_since: float) -> None:
     assert seen.v2_lines and all(line.startswith("data: ") for _, line in seen.v2_lines), seen.v2_lines
     assert seen.v2_lines[0][0] > seen.ready_at - 1.0, (seen.v2_lines[0][0] - seen.ready_at)
     events = [json.loads(line[6:]) for _, line in seen.v2_lines]
-    assert "".join(e["text_output"] for e in events).strip() and events[-1]["finish_reason"], events
+    assert "".join(e["text_output"] for e in events).strip(), events
+    assert events[-1]["finish_reason"] == "length", events
     assert {e["cache_status"] for e in events} == {"miss"}, events
     # Held no more; the refusals counted; the start measured (first held miss to ready).
     assert seen.after["held"] == 0 and seen.after["refused"] == 2, seen.after
