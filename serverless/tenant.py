@@ -55,8 +55,17 @@ def cmd_create(cl: Client | None, args: argparse.Namespace) -> int:
             set_sleep(isvc, args.sleep_after_idle_s)
         except SleepSettingError as e:
             raise TenantError(str(e)) from None
+    values = limits_cm.flag_values(args)
+    kept = None
     try:
-        table = limits_cm.edit_table({}, args.limits_tenant, limits_cm.flag_values(args))
+        # The flags alone first: a bad value is refused before any cluster is contacted.
+        table = limits_cm.edit_table({}, args.limits_tenant, values)
+        if cl is not None:
+            # Creating the tenant again (another profile or model) keeps the limits it has; the
+            # flags change their entry as `update` would.
+            kept = cl.get_or_none("v1", "ConfigMap", args.namespace, limits_cm.configmap_name(args.name))
+            if kept is not None:
+                table = limits_cm.edit_table(limits_cm.read_table(kept), args.limits_tenant, values)
         limits_cm.set_limits(docs, table)
     except LimitsError as e:
         raise TenantError(str(e)) from None
@@ -75,6 +84,9 @@ def cmd_create(cl: Client | None, args: argparse.Namespace) -> int:
     for doc in docs:
         cl.apply(doc)
         print(f"{doc['kind']}/{doc['metadata']['name']} applied")
+    if kept is not None:
+        print(f"limits kept from the tenant's ConfigMap (`semserve tenant update` changes them):\n"
+              f"{limits_cm.describe(table)}")  # fmt: skip
     print(
         f"tenant {args.namespace}/{args.name} ({args.profile}): `semserve tenant status {args.name} "
         f"-n {args.namespace}` shows when it is ready"

@@ -148,6 +148,26 @@ def test_update_changes_only_the_limits(
     assert fake.get(*ISVC, "team", "shared") == before[(*ISVC, "team", "shared")]
 
 
+def test_creating_again_keeps_the_limits(
+    fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(kubeconfig, "create", "t2", "-n", "ns", "--profile", "dev", "--requests-per-minute", "10") == 0
+    assert cli(kubeconfig, "update", "t2", "-n", "ns", "--limits-tenant", "quiet", "--weight", "2") == 0
+    capsys.readouterr()
+    # Another profile, no limit flags: the table stays as `update` left it.
+    assert cli(kubeconfig, "create", "t2", "-n", "ns", "--profile", "prod") == 0
+    assert "limits kept from the tenant's ConfigMap" in capsys.readouterr().out
+    table = _table(fake.get(*CM, "ns", "t2-tenant-limits"))
+    assert table.of("quiet") == TenantLimits(weight=2.0)
+    assert table.of("other") == TenantLimits(requests_per_minute=10)
+    assert fake.get(*CM, "ns", "t2-tenant-limits")["metadata"]["labels"][objects.PROFILE_LABEL] == "prod"
+    # With flags, they change their entry and keep the others.
+    assert cli(kubeconfig, "create", "t2", "-n", "ns", "--profile", "prod", "--max-concurrent", "3") == 0
+    table = _table(fake.get(*CM, "ns", "t2-tenant-limits"))
+    assert table.of("other") == TenantLimits(requests_per_minute=10, max_concurrent=3)
+    assert table.of("quiet") == TenantLimits(weight=2.0)
+
+
 def test_update_refuses_bad_values_and_missing_tenants(
     fake: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
