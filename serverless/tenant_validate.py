@@ -13,6 +13,9 @@ Three layers, each problem reported as one line naming the object and the field:
    annotation ranges, revision timeout), as listed in shared/reference/kserve.md. The Knative
    autoscaling bounds are those `serverless.settings_from_manifest` resolves, so what validates
    here is what `semserve simulate` can simulate.
+4. semserve's own rules, which no webhook enforces: the sleep setting (serverless/tenant_sleep.py)
+   and the tenant limits (serverless/tenant_limits_config.py: the transformer's own parser on a
+   limits ConfigMap, and a limits file mounted so that updates reach the pods).
 """
 
 from __future__ import annotations
