@@ -318,6 +318,9 @@ def register_wrong_prefix_routes(app: FastAPI, prefix: str) -> None:
 # Response headers a browser client may read (CORS hides all but a few by default).
 EXPOSED_HEADERS = (
     "x-request-id", MODEL_REVISION_HEADER, "x-semserve-cache", "x-semserve-cache-similarity",
+    # Per-tenant limits (transformers_svc/admission.py): a browser client can pace itself.
+    "retry-after", *(f"x-ratelimit-{what}-{limit}" for what in ("limit", "remaining", "reset")
+                     for limit in ("requests", "tokens")),
 )
 
 
