@@ -139,6 +139,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     determinism.add_arguments(det)
     det.set_defaults(func=_main_of("determinism"), worker=False, prefix_caching="on")
 
+    from bench import fairness
+
+    fair = bench_sub.add_parser(
+        "fairness",
+        help="a quiet tenant (c=1, short answers) beside a noisy one (c=32, long) on one predictor, fair "
+        "admission on and off: quiet TTFT vs solo, token shares vs 2:1 weights, noisy throughput vs solo",
+    )
+    fairness.add_arguments(fair)
+    fair.set_defaults(func=_main_of("fairness"))
+
 
 def _main_of(module: str) -> Callable[[argparse.Namespace], int]:
     """`bench.<module>.main`, imported only when that bench runs (each pulls in heavy libraries)."""
