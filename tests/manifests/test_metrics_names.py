@@ -74,8 +74,8 @@ def test_alert_and_dashboard_metrics_exist(rendered: dict[str, list[dict[str, An
     } <= alerts
     for word in ("hit ratio", "latency", "first token", "Tokens/s", "Replicas"):
         assert word.lower() in dashboard.lower()
-    # Issue 27's Tenants row: refusals by tenant and reason, tokens admitted vs used, limits failing
-    # open.
+    # Issue 27's Tenants row: refusals by tenant and reason, tokens admitted vs used, the admission
+    # queue's time and depth, limits failing open.
     panels = json.loads(dashboard)["panels"]
     (row,) = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Tenants"]
     tenants = " ".join(t["expr"] for p in panels[row + 1 :] for t in p.get("targets", []))
@@ -83,6 +83,8 @@ def test_alert_and_dashboard_metrics_exist(rendered: dict[str, list[dict[str, An
         "semserve_tenant_refused_total",
         "semserve_tenant_tokens_admitted_total",
         "semserve_tenant_tokens_used_total",
+        "semserve_admission_queue_seconds_bucket",
+        "semserve_admission_queue_depth",
         "semserve_tenant_limits_fail_open_total",
     ):
         assert name in tenants, name
