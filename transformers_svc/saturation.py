@@ -2,15 +2,16 @@
 item 5), as llm-d's gateway decides: vLLM's `vllm:num_requests_waiting` (requests its scheduler
 holds because the running batch is full) and `vllm:kv_cache_usage_perc` (a fraction, 0-1), read
 from the predictor's Prometheus endpoint every `poll_s` (and sooner, at most every `MIN_GAP_S`,
-when a miss waits for room).
+when a miss waits for room); the reads pause while no miss comes (`IDLE_S`).
 
 Between two reads this transformer counts the misses it admitted since the last read and that
 have not ended (`pending`): they are not in the figures yet. Room: waiting + pending below
 `max_waiting`, and KV use at most `max_kv`. Several replicas read the same predictor, so its
 signal couples them.
 
-The endpoint unreadable (wrong URL, predictor starting): one warning line, and every miss is
-admitted (fail open) until a read succeeds again (one info line then).
+The first misses wait for the first read (it starts with the first miss). The endpoint unreadable
+(wrong URL, predictor starting): one warning line, and every miss is admitted (fail open) until a
+read succeeds again (one info line then).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 MIN_GAP_S = 0.02  # the soonest a waiting miss makes the next read
 READ_TIMEOUT_S = 1.0
+IDLE_S = 2.0  # reads pause this long after the last miss (a predictor's /metrics page is ~70 kB)
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,14 @@ class Saturation:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self.last_read = 0.0
+        self._active = 0.0  # time.monotonic() of the last miss admitted or waiting
 
     # -- Room ---------------------------------------------------------------------------------------
 
     def has_room(self) -> bool:
         self._start()
+        if not self.last_read:  # the first read is under way (milliseconds): not a guess before it
+            return False
         return has_room(self.load, self.pending, self.max_waiting, self.max_kv)
 
     @property
@@ -110,6 +115,8 @@ class Saturation:
         return sum(self._pending.values())
 
     def admitted(self) -> object:
+        self._active = time.monotonic()
+        self._wake_if_idle()
         self._pending[self._read] = self._pending.get(self._read, 0) + 1
         return self._read
 
@@ -118,8 +125,14 @@ class Saturation:
             self._pending[token] -= 1
 
     def wanted(self) -> None:
+        self._active = time.monotonic()
         self._start()
         if self._wake is not None:
+            self._wake.set()
+
+    def _wake_if_idle(self) -> None:
+        # After a pause, the first miss goes by the last read; the next read is made now.
+        if self._wake is not None and time.monotonic() - self.last_read > 2 * self.poll_s + MIN_GAP_S:
             self._wake.set()
 
     def on_change(self, callback: Callable[[], None]) -> None:
@@ -144,8 +157,11 @@ class Saturation:
         async with httpx.AsyncClient(timeout=READ_TIMEOUT_S) as client:
             while True:
                 await self.read(client)
+                # Idle (no miss admitted or waiting for IDLE_S): no reads until the next miss, which
+                # goes by the last read and asks for a fresh one.
+                idle = time.monotonic() - self._active > IDLE_S
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.poll_s):
+                    async with asyncio.timeout(None if idle else self.poll_s):
                         await self._wake.wait()
                 self._wake.clear()
                 await asyncio.sleep(MIN_GAP_S)
