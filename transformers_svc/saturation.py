@@ -5,9 +5,11 @@ from the predictor's Prometheus endpoint every `poll_s` (and sooner, at most eve
 when a miss waits for room); the reads pause while no miss comes (`IDLE_S`).
 
 Between two reads this transformer counts the misses it admitted since the last read and that
-have not ended (`pending`): they are not in the figures yet. Room: waiting + pending below
-`max_waiting`, and KV use at most `max_kv`. Several replicas read the same predictor, so its
-signal couples them.
+have not ended (`pending`): they are not in the figures yet. The predictor's batch size (its
+max_num_seqs) is learned as the most requests seen running while others waited. Room: KV use at
+most `max_kv`, and running + waiting + pending below that batch size + `max_waiting` (so at most
+about `max_waiting` misses wait in the predictor's own first-come-first-served queue; the rest wait
+here, in fair order). Several replicas read the same predictor, so its signal couples them.
 
 The first misses wait for the first read (it starts with the first miss). The endpoint unreadable
 (wrong URL, predictor starting): one warning line, and every miss is admitted (fail open) until a
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 log = get_logger("semserve.transformer.saturation")
 
 WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 MIN_GAP_S = 0.02  # the soonest a waiting miss makes the next read
 READ_TIMEOUT_S = 1.0
@@ -41,17 +44,19 @@ IDLE_S = 2.0  # reads pause this long after the last miss (a predictor's /metric
 class PredictorLoad:
     waiting: float  # requests waiting in the predictor's scheduler (all engines)
     kv_usage: float  # the fullest engine's KV cache use, 0-1
+    running: float = 0.0  # requests in its running batch (all engines)
 
 
 def parse_load(text: str) -> PredictorLoad | None:
     """The two series from a Prometheus text page; None when the page has neither (not vLLM)."""
     waiting: float | None = None
     kv: float | None = None
+    running = 0.0
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name not in (WAITING, KV_USAGE):
+        if name not in (WAITING, KV_USAGE, RUNNING):
             continue
         try:
             value = float(line.rsplit(" ", 1)[1])
@@ -59,19 +64,29 @@ def parse_load(text: str) -> PredictorLoad | None:
             continue
         if name == WAITING:
             waiting = (waiting or 0.0) + value
+        elif name == RUNNING:
+            running += value
         else:
             kv = max(kv or 0.0, value)
     if waiting is None and kv is None:
         return None
-    return PredictorLoad(waiting or 0.0, kv or 0.0)
+    return PredictorLoad(waiting or 0.0, kv or 0.0, running)
 
 
-def has_room(load: PredictorLoad | None, pending: int, max_waiting: int, max_kv: float) -> bool:
-    """Room for one more miss: none known (fail open), or waiting + pending below `max_waiting` and
-    KV use at most `max_kv`."""
+def has_room(
+    load: PredictorLoad | None, pending: int, max_waiting: int, max_kv: float, capacity: float | None = None
+) -> bool:
+    """Room for one more miss: no load known (fail open); else KV use at most `max_kv` and, with
+    the predictor's batch size learned (`capacity`), running + waiting + pending below capacity +
+    `max_waiting`; before it is learned (it is when the batch overflows), waiting + pending below
+    the larger of `max_waiting` and the requests running (a burst doubles what runs per read)."""
     if load is None:
         return True
-    return load.waiting + pending < max_waiting and load.kv_usage <= max_kv
+    if load.kv_usage > max_kv:
+        return False
+    if capacity is not None:
+        return load.running + load.waiting + pending < capacity + max_waiting
+    return load.waiting + pending < max(max_waiting, load.running)
 
 
 def metrics_url_of(predictor_host: str) -> str:
@@ -101,6 +116,8 @@ class Saturation:
         self._task: asyncio.Task[None] | None = None
         self.last_read = 0.0
         self._active = 0.0  # time.monotonic() of the last miss admitted or waiting
+        # The predictor's batch size: the most requests seen running while some waited.
+        self.capacity: float | None = None
 
     # -- Room ---------------------------------------------------------------------------------------
 
@@ -108,7 +125,7 @@ class Saturation:
         self._start()
         if not self.last_read:  # the first read is under way (milliseconds): not a guess before it
             return False
-        return has_room(self.load, self.pending, self.max_waiting, self.max_kv)
+        return has_room(self.load, self.pending, self.max_waiting, self.max_kv, self.capacity)
 
     @property
     def pending(self) -> int:
@@ -190,6 +207,8 @@ class Saturation:
                 log.info("predictor_metrics_readable", url=self.url)
             self.readable = True
             self.load = load
+            if load.waiting > 0 and load.running > 0:
+                self.capacity = max(self.capacity or 0.0, load.running)
         # Misses admitted before this read started are in its figures (or finished).
         self._pending = {k: v for k, v in self._pending.items() if k >= started and v}
         self.last_read = time.monotonic()

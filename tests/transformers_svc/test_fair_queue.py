@@ -167,7 +167,7 @@ vllm:kv_cache_usage_perc{engine="1",model_name="llm"} 0.75
 """
 
 PARSE_TABLE = [
-    ("vLLM's page, two engines: waiting summed, the fullest KV", PAGE, PredictorLoad(5.0, 0.75)),
+    ("vLLM's page, two engines: waiting summed, the fullest KV", PAGE, PredictorLoad(5.0, 0.75, 8.0)),
     ("no labels", "vllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.1\n", PredictorLoad(1.0, 0.1)),
     ("not vLLM", "python_info 1.0\n", None),
     ("empty", "", None),
@@ -180,21 +180,29 @@ def test_parse_load(row: tuple) -> None:
     assert parse_load(text) == want
 
 
-# (label, load, pending, max_waiting, max_kv, room)
+# (label, load (waiting, kv, running), pending, max_waiting, max_kv, capacity, room)
 ROOM_TABLE = [
-    ("unknown: fail open", None, 99, 1, 0.5, True),
-    ("idle", PredictorLoad(0, 0.0), 0, 2, 0.95, True),
-    ("pending fills the rest", PredictorLoad(1, 0.1), 1, 2, 0.95, False),
-    ("waiting at the threshold", PredictorLoad(2, 0.1), 0, 2, 0.95, False),
-    ("KV over", PredictorLoad(0, 0.96), 0, 2, 0.95, False),
-    ("KV at the threshold", PredictorLoad(0, 0.95), 0, 2, 0.95, True),
+    ("unknown: fail open", None, 99, 1, 0.5, None, True),
+    ("idle", PredictorLoad(0, 0.0), 0, 2, 0.95, None, True),
+    ("batch size unknown: as many again as run", PredictorLoad(0, 0.1, 5), 4, 2, 0.95, None, True),
+    ("batch size unknown: not more", PredictorLoad(0, 0.1, 5), 5, 2, 0.95, None, False),
+    ("batch size unknown, idle: max_waiting", PredictorLoad(0, 0.0, 0), 1, 2, 0.95, None, True),
+    ("batch size unknown, idle: not more", PredictorLoad(0, 0.0, 0), 2, 2, 0.95, None, False),
+    ("batch size unknown, pending fills the rest", PredictorLoad(1, 0.1, 0), 1, 2, 0.95, None, False),
+    ("batch size unknown, waiting at the threshold", PredictorLoad(2, 0.1, 0), 0, 2, 0.95, None, False),
+    ("batch of 8, 5 running, 4 admitted since: 1 may wait", PredictorLoad(0, 0.1, 5), 4, 2, 0.95, 8, True),
+    ("batch of 8 full, 2 waiting", PredictorLoad(2, 0.1, 8), 0, 2, 0.95, 8, False),
+    ("batch of 8 full, 1 waiting", PredictorLoad(1, 0.1, 8), 0, 2, 0.95, 8, True),
+    ("KV over", PredictorLoad(0, 0.96), 0, 2, 0.95, None, False),
+    ("KV over, batch with room", PredictorLoad(0, 0.96, 1), 0, 2, 0.95, 8, False),
+    ("KV at the threshold", PredictorLoad(0, 0.95), 0, 2, 0.95, None, True),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("row", ROOM_TABLE, ids=[r[0] for r in ROOM_TABLE])
 def test_has_room(row: tuple) -> None:
-    _, load, pending, max_waiting, max_kv, want = row
-    assert has_room(load, pending, max_waiting, max_kv) is want
+    _, load, pending, max_waiting, max_kv, capacity, want = row
+    assert has_room(load, pending, max_waiting, max_kv, capacity) is want
 
 
 @pytest.mark.parametrize(("host", "url"), [
@@ -232,8 +240,9 @@ class Page:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def full(self, full: bool) -> None:
-        self.text = f"vllm:num_requests_waiting {5 if full else 0}\nvllm:kv_cache_usage_perc 0.2\n"
+    def load(self, running: int, waiting: int) -> None:
+        self.text = (f"vllm:num_requests_running {running}\nvllm:num_requests_waiting {waiting}\n"
+                     "vllm:kv_cache_usage_perc 0.2\n")
 
 
 @pytest.fixture
@@ -247,12 +256,14 @@ def test_queue_admits_by_counter_when_room_appears_and_cancel_leaves_cleanly(pag
     async def scenario() -> None:
         room = Saturation(page.url, poll_s=0.05, max_waiting=1, max_kv=0.95)
         queue = FairQueue("llm", room, max_wait_s=1e9)
-        first = await queue.acquire("noisy", 1.0, 100)  # no read yet: fail open
+        assert not room.has_room()  # before the first read: wait for it, do not guess
+        first = await queue.acquire("noisy", 1.0, 100)  # admitted once the first read says room
+        assert room.last_read
         await asyncio.sleep(0.15)
         assert room.load == PredictorLoad(0.0, 0.0)
-        page.full(True)
+        page.load(running=4, waiting=3)  # a batch of 4, full
         await asyncio.sleep(0.15)
-        assert not room.has_room()
+        assert not room.has_room() and room.capacity == 4
         noisy = [asyncio.create_task(queue.acquire("noisy", 1.0, 100)) for _ in range(3)]
         await asyncio.sleep(0.01)
         quiet = asyncio.create_task(queue.acquire("quiet", 1.0, 10))
@@ -264,18 +275,29 @@ def test_queue_admits_by_counter_when_room_appears_and_cancel_leaves_cleanly(pag
             await gone
         assert queue.vtc.depth() == 4 and "gone" not in [w.tenant for t in queue.vtc.tenants.values()
                                                          for w in t.queue]
+        order: list[str] = []  # in the order they were admitted
+        for task in (*noisy, quiet):
+            task.add_done_callback(lambda _, name="quiet" if task is quiet else "noisy": order.append(name))
         first.release(20, 50)
-        page.full(False)
-        # max_waiting 1: one admission per read; quiet (lifted to noisy's counter) goes second at most.
-        order: list[str] = []
-        pending = {*noisy, quiet}
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                slot = task.result()
-                order.append("quiet" if task is quiet else "noisy")
-                slot.release(10, 40)
+        page.load(running=0, waiting=0)
+        for slot in await asyncio.gather(*noisy, quiet):
+            slot.release(10, 40)
+        # quiet (lifted to noisy's counter on arrival) goes second at most, not after noisy's three.
         assert order.index("quiet") <= 1, order
-        assert queue.vtc.depth() == 0
+        assert queue.vtc.depth() == 0 and len(order) == 4
+
+    asyncio.run(scenario())
+
+
+def test_unreadable_metrics_fail_open(caplog: pytest.LogCaptureFixture) -> None:
+    from tests.support import free_port
+
+    async def scenario() -> None:
+        room = Saturation(f"http://127.0.0.1:{free_port()}/metrics", poll_s=0.05, max_waiting=0, max_kv=0.0)
+        queue = FairQueue("llm", room, max_wait_s=1e9)
+        slots = [await asyncio.wait_for(queue.acquire("a", 1.0, 10), 5) for _ in range(3)]
+        assert not room.readable and room.load is None and room.has_room()
+        for slot in slots:
+            slot.release(1, 1)
 
     asyncio.run(scenario())
