@@ -190,6 +190,8 @@ def body_openapi(model_cls: type[BaseModel], served: list[str]) -> dict[str, Any
 
 def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = ROUTE_PREFIX) -> None:
     keepalive_s = backend.sse_keepalive_s if isinstance(backend, KeepsStreamsAlive) else None
+    if keepalive_s is not None and keepalive_s <= 0:
+        keepalive_s = None  # 0 (or less): no comments
 
     def context(request: Request) -> OpenAIHttpCall:
         rid = request_id_var.get() or request.headers.get("x-request-id") or ""
