@@ -37,6 +37,7 @@ RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 MIN_GAP_S = 0.02  # the soonest a waiting miss makes the next read
 READ_TIMEOUT_S = 1.0
+SETTLE_S = 0.1  # from admission until the miss is surely in the predictor's figures (gRPC hop)
 IDLE_S = 2.0  # reads pause this long after the last miss (a predictor's /metrics page is ~70 kB)
 
 
@@ -107,10 +108,10 @@ class Saturation:
         self.url, self.poll_s, self.max_waiting, self.max_kv = url, poll_s, max_waiting, max_kv
         self.load: PredictorLoad | None = None
         self.readable = True
-        # Misses admitted and not ended, by the read during or after whose start they were
-        # admitted: a read that started after a miss was admitted has it in its figures.
-        self._pending: dict[int, int] = {}
-        self._read = 0  # reads started so far
+        # Misses admitted and not ended, by number: admission time. A read that started SETTLE_S
+        # after a miss was admitted has it in its figures (the miss reached the engine by then).
+        self._pending: dict[int, float] = {}
+        self._admissions = 0
         self._callbacks: list[Callable[[], None]] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -129,17 +130,18 @@ class Saturation:
 
     @property
     def pending(self) -> int:
-        return sum(self._pending.values())
+        return len(self._pending)
 
     def admitted(self) -> object:
         self._active = time.monotonic()
         self._wake_if_idle()
-        self._pending[self._read] = self._pending.get(self._read, 0) + 1
-        return self._read
+        self._admissions += 1
+        self._pending[self._admissions] = self._active
+        return self._admissions
 
     def released(self, token: object) -> None:
-        if isinstance(token, int) and self._pending.get(token, 0) > 0:  # not in a read yet
-            self._pending[token] -= 1
+        if isinstance(token, int):  # ended before a read counted it: no longer pending
+            self._pending.pop(token, None)
 
     def wanted(self) -> None:
         self._active = time.monotonic()
@@ -187,8 +189,7 @@ class Saturation:
         """One read of the predictor's load; then whoever waits for room looks again."""
         import httpx
 
-        self._read += 1
-        started = self._read
+        started = time.monotonic()
         try:
             resp = await client.get(self.url)
             resp.raise_for_status()
@@ -209,8 +210,8 @@ class Saturation:
             self.load = load
             if load.waiting > 0 and load.running > 0:
                 self.capacity = max(self.capacity or 0.0, load.running)
-        # Misses admitted before this read started are in its figures (or finished).
-        self._pending = {k: v for k, v in self._pending.items() if k >= started and v}
+        # Misses admitted SETTLE_S before this read started are in its figures (or finished).
+        self._pending = {k: t for k, t in self._pending.items() if t > started - SETTLE_S}
         self.last_read = time.monotonic()
         for callback in self._callbacks:
             callback()

@@ -1,0 +1,55 @@
+"""`semserve bench fairness`'s arithmetic and report (the run itself starts a predictor: minutes)."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.cli import register
+from bench.fairness import Phase, Tenant, report
+
+
+def args(**kw: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["bench", "fairness", *[f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]])
+
+
+def test_flags_and_defaults() -> None:
+    a = args(duration=5)
+    got = (a.duration, a.max_num_seqs, a.noisy_concurrency, a.quiet_tokens, a.noisy_tokens)
+    assert got == (5, 8, 32, 16, 128)
+
+
+def test_tokens_count_what_streamed_in_at_the_reported_tokens_per_chunk() -> None:
+    t = Tenant("noisy", chunks=100, answered_tokens=60, answered_chunks=30)
+    assert t.tokens() == 200  # 2 tokens per chunk
+    assert Tenant("quiet", chunks=7).tokens() == 7  # no usage seen: one per chunk
+
+
+def phase(name: str, quiet: tuple[list[float], int] | None, noisy_chunks: int | None) -> Phase:
+    tenants = {}
+    if quiet is not None:
+        tenants["quiet"] = Tenant("quiet", ttft_ms=quiet[0], chunks=quiet[1])
+    if noisy_chunks is not None:
+        tenants["noisy"] = Tenant("noisy", chunks=noisy_chunks)
+    return Phase(name, tenants, 10.0)
+
+
+def test_report_ratios_and_goals() -> None:
+    ps = [
+        phase("quiet solo", ([100.0] * 9, 90), None),
+        phase("noisy solo", None, 1000),
+        phase("mixed, fair on", ([140.0] * 9, 90), 900),
+        phase("mixed, fair off", ([900.0] * 9, 90), 1000),
+        phase("shares, fair on", ([1.0], 660), 340),
+        phase("shares, fair off", ([1.0], 500), 500),
+    ]
+    text = report(args(duration=10), ps, 3.0, (1.0, 2.0), 60.0)
+    assert "| mixed, fair on | 140 | 140 | 1.40 | 1.40 | 90.0 | 0.90 | - |" in text
+    assert "| shares, fair on | - | - | - | - | 34.0 | 0.34 | 0.660 |" in text
+    assert "1.40x solo (goal <= 1.5x): met" in text
+    assert "fair on 0.660 vs weight 0.667 (goal within 10%): met" in text
+    assert "0.90x solo (goal >= 0.8x): met" in text
+    off = report(args(duration=10), [*ps[:2], phase("mixed, fair on", ([900.0], 9), 500), *ps[3:4],
+                                      phase("shares, fair on", ([1.0], 500), 500), ps[5]], 3.0, (1, 2), 60)
+    assert off.count("not met") == 3
