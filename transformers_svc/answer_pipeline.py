@@ -242,11 +242,12 @@ class AnswerPipeline:
         # Out of the wait span: the request's own predictor call is not part of the wait.
         ctx = request.context
         ticket = await self._admit(request)
-        piece: Piece | None = None
         try:
             piece = await self.predictor.generate(request.prompt, ctx.sampling, ctx.request_id)
-        finally:
-            ticket.settle(piece.prompt_tokens if piece else 0, piece.completion_tokens if piece else 0)
+        except BaseException:
+            ticket.settle(0, 0)  # nothing generated (a failure reports no usage)
+            raise
+        ticket.settle(piece.prompt_tokens, piece.completion_tokens)
         answer = answer_of([piece])
         mode = self._mode_of(request)
         if mode.write and self.storable(answer):
