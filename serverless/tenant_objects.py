@@ -54,11 +54,18 @@ CANARY_PREDICTOR_HOST = "latest-$(ISVC_NAME)-predictor.$(POD_NAMESPACE):80"
 # Per-tenant kinds (named after the tenant), and the tenant's limits ConfigMap; everything else in
 # an overlay is shared by the namespace's tenants (Redis, policies, monitors, runtimes, dashboard).
 TENANT_KINDS = ("InferenceService", "PodDisruptionBudget")
+# The Service fair admission reads the tenant's predictor metrics through (manifests/base).
+METRICS_SERVICE = "semserve-predictor-metrics"
+
+
+def is_metrics_service(doc: dict[str, Any]) -> bool:
+    labels = (doc.get("metadata") or {}).get("labels") or {}
+    return doc.get("kind") == "Service" and labels.get("app.kubernetes.io/name") == METRICS_SERVICE
 
 
 def per_tenant(doc: dict[str, Any]) -> bool:
     """An object that belongs to one tenant (named after it), not to the namespace."""
-    return doc.get("kind") in TENANT_KINDS or is_limits_configmap(doc)
+    return doc.get("kind") in TENANT_KINDS or is_limits_configmap(doc) or is_metrics_service(doc)
 
 
 class TenantError(Exception):
@@ -114,6 +121,11 @@ def tenant_objects(
             _retarget_limits(doc, name)
         elif is_limits_configmap(doc):
             meta["name"] = configmap_name(name)
+        elif is_metrics_service(doc):
+            meta["name"] = str(meta["name"]).replace(BASE_NAME, name, 1)
+            sel = (doc.get("spec") or {}).get("selector") or {}
+            if sel.get(ISVC_LABEL) == BASE_NAME:
+                sel[ISVC_LABEL] = name
         elif kind == "PodDisruptionBudget":
             meta["name"] = str(meta["name"]).replace(BASE_NAME, name, 1)
             sel = (doc.get("spec") or {}).get("selector", {}).get("matchLabels", {})
