@@ -188,6 +188,10 @@ def test_update_refuses_bad_values_and_missing_tenants(
     err = capsys.readouterr().err.strip()
     assert err.startswith("semserve tenant update: tenant ns/nobody has no ConfigMap nobody-tenant-limits")
     assert fake.get(*CM, "ns", "t1-tenant-limits") == stored
+    # A server-side dry run passes admission and writes nothing.
+    assert cli(kubeconfig, "update", "t1", "-n", "ns", "--weight", "3", "--server-dry-run") == 0
+    assert "ConfigMap/t1-tenant-limits passes server-side dry run" in capsys.readouterr().out
+    assert fake.get(*CM, "ns", "t1-tenant-limits") == stored
     # A bad entry someone wrote by hand is named; --remove of that entry repairs the file.
     hand = copy.deepcopy(stored)
     hand["data"][lc.LIMITS_KEY] = json.dumps({"default": {"weight": 1}, "noisy": {"max_concurent": 3}})
