@@ -13,8 +13,9 @@ request a miss), ignore_eos so answers are as long as asked:
   shares on/off  both tenants backlogged (each c=32, long answers)    each tenant's share of tokens
 
 Tokens are counted as they stream in (content chunks within the phase, times the tokens per chunk
-the answers' usage reports), so answers cut at a phase's end count for what arrived. Between phases
-the clients leave (the predictor aborts) and the predictor is let drain.
+the answers' usage reports), so answers cut at a phase's end count for what arrived; shares are
+counted over a phase's second half, when both tenants are backlogged. Between phases the clients
+leave (the predictor aborts) and the predictor is let drain.
 
     flock /tmp/semserve-heavy.lock .venv/bin/semserve bench fairness --output bench/RESULTS.md
 """
@@ -45,11 +46,13 @@ GOAL_THROUGHPUT = 0.8
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--duration", type=float, default=20.0, help="seconds per phase (six phases)")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds per phase (six phases)")
     p.add_argument("--max-num-seqs", type=int, default=8,
                    help="the predictor's batch: small, so the noisy tenant alone saturates it")
-    p.add_argument("--quiet-tokens", type=int, default=16, help="the quiet tenant's answer length")
-    p.add_argument("--noisy-tokens", type=int, default=128, help="the noisy tenant's answer length")
+    p.add_argument("--quiet-tokens", type=int, default=8, help="the quiet tenant's answer length")
+    p.add_argument("--noisy-tokens", type=int, default=32,
+                   help="the noisy tenant's answer length (4x quiet's: long enough to be noisy, short "
+                   "enough that a phase on this CPU sees several rounds of the predictor's batch)")
     p.add_argument("--noisy-concurrency", type=int, default=32)
     p.add_argument("--transformer-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for the fair transformer (repeatable), "
@@ -66,14 +69,15 @@ class Tenant:
     name: str
     ttft_ms: list[float] = field(default_factory=list)
     chunks: int = 0  # content chunks that arrived within the phase
+    late_chunks: int = 0  # those of its second half (both tenants backlogged by then)
     answered_tokens: int = 0  # usage of the answers that completed
     answered_chunks: int = 0
     refused: dict[int, int] = field(default_factory=dict)  # status -> count (429/503)
     errors: int = 0
 
-    def tokens(self) -> float:
+    def tokens(self, late: bool = False) -> float:
         per_chunk = self.answered_tokens / self.answered_chunks if self.answered_chunks else 1.0
-        return self.chunks * per_chunk
+        return (self.late_chunks if late else self.chunks) * per_chunk
 
 
 @dataclass
@@ -91,6 +95,7 @@ class Load:
         self.rng = random.Random(seed)
         self.tag = f"{self.rng.randrange(16**6):06x}"
         self.n = 0
+        self.second_half = 0.0  # when the running phase's second half starts
 
     def prompt(self, tenant: str) -> str:
         self.n += 1
@@ -122,6 +127,7 @@ class Load:
                     if now <= end:
                         t.chunks += 1
                         chunks += 1
+                        t.late_chunks += now >= self.second_half
                     if first:
                         first = False
                         if now <= end:
@@ -182,8 +188,9 @@ async def phases(args: argparse.Namespace, fair: str, plain: str, predictor_http
         ("noisy solo", fair, {"noisy": (nc, n)}),
         ("mixed, fair on", fair, {"quiet": (1, q), "noisy": (nc, n)}),
         ("mixed, fair off", plain, {"quiet": (1, q), "noisy": (nc, n)}),
-        ("shares, fair on", fair, {"quiet": (nc, n), "noisy": (nc, n)}),
-        ("shares, fair off", plain, {"quiet": (nc, n), "noisy": (nc, n)}),
+        # noisy's clients start first: quiet's larger share must not come from arriving first.
+        ("shares, fair on", fair, {"noisy": (nc, n), "quiet": (nc, n)}),
+        ("shares, fair off", plain, {"noisy": (nc, n), "quiet": (nc, n)}),
     ]
     out = []
     limits = httpx.Limits(max_connections=2 * nc + 8, max_keepalive_connections=2 * nc + 8)
@@ -196,6 +203,7 @@ async def phases(args: argparse.Namespace, fair: str, plain: str, predictor_http
             before = await queue_waits(client, base)
             started = time.monotonic()
             end = started + args.duration
+            loads[base].second_half = started + args.duration / 2
             await asyncio.gather(*(loads[base].tenant(client, phase.tenants[t], c, m, end)
                                    for t, (c, m) in traffic.items()))
             phase.seconds = time.monotonic() - started
@@ -235,8 +243,8 @@ def report(args: argparse.Namespace, ps: list[Phase], minutes: float, loads: tup
 
     def share(phase: str) -> float:
         ts = by[phase].tenants
-        total = ts["quiet"].tokens() + ts["noisy"].tokens()
-        return ts["quiet"].tokens() / total if total else float("nan")
+        total = ts["quiet"].tokens(late=True) + ts["noisy"].tokens(late=True)
+        return ts["quiet"].tokens(late=True) / total if total else float("nan")
 
     want = WEIGHTS["quiet"] / sum(WEIGHTS.values())
     rows = ["| phase | quiet TTFT p50 ms | p99 ms | x solo p50 | x solo p99 | noisy tok/s | x solo "

@@ -17,7 +17,7 @@ def args(**kw: object) -> argparse.Namespace:
 def test_flags_and_defaults() -> None:
     a = args(duration=5)
     got = (a.duration, a.max_num_seqs, a.noisy_concurrency, a.quiet_tokens, a.noisy_tokens)
-    assert got == (5, 8, 32, 16, 128)
+    assert got == (5, 8, 32, 8, 32)
 
 
 def test_tokens_count_what_streamed_in_at_the_reported_tokens_per_chunk() -> None:
@@ -29,9 +29,9 @@ def test_tokens_count_what_streamed_in_at_the_reported_tokens_per_chunk() -> Non
 def phase(name: str, quiet: tuple[list[float], int] | None, noisy_chunks: int | None) -> Phase:
     tenants = {}
     if quiet is not None:
-        tenants["quiet"] = Tenant("quiet", ttft_ms=quiet[0], chunks=quiet[1])
+        tenants["quiet"] = Tenant("quiet", ttft_ms=quiet[0], chunks=quiet[1], late_chunks=quiet[1] // 2)
     if noisy_chunks is not None:
-        tenants["noisy"] = Tenant("noisy", chunks=noisy_chunks)
+        tenants["noisy"] = Tenant("noisy", chunks=noisy_chunks, late_chunks=noisy_chunks // 2)
     return Phase(name, tenants, 10.0)
 
 
