@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transformer-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for the fair transformer (repeatable), "
                    "e.g. --transformer-arg=--fair-max-waiting=4")
+    p.add_argument("--reserve", type=int, default=0,
+                   help="also a mixed phase through a third transformer with --fair-reserve N (0: none)")
     p.add_argument("--model", default=None, help="HF model dir (default: the prepared SmolLM2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="append the markdown section to this file")
@@ -179,15 +181,18 @@ async def drained(client: httpx.AsyncClient, predictor_http: str, timeout_s: flo
         await asyncio.sleep(0.5)
 
 
-async def phases(args: argparse.Namespace, fair: str, plain: str, predictor_http: str,
+async def phases(args: argparse.Namespace, fair: str, plain: str, reserve: str | None, predictor_http: str,
                  keys: dict[str, str]) -> list[Phase]:
-    loads = {base: Load(base, keys, args.seed + i) for i, base in enumerate((fair, plain))}
+    bases = [b for b in (fair, plain, reserve) if b is not None]
+    loads = {base: Load(base, keys, args.seed + i) for i, base in enumerate(bases)}
     q, n, nc = args.quiet_tokens, args.noisy_tokens, args.noisy_concurrency
     plan = [  # name, transformer, {tenant: (concurrency, max_tokens)}
         ("quiet solo", fair, {"quiet": (1, q)}),
         ("noisy solo", fair, {"noisy": (nc, n)}),
         ("mixed, fair on", fair, {"quiet": (1, q), "noisy": (nc, n)}),
         ("mixed, fair off", plain, {"quiet": (1, q), "noisy": (nc, n)}),
+        *([(f"mixed, fair on, reserve {args.reserve}", reserve, {"quiet": (1, q), "noisy": (nc, n)})]
+          if reserve is not None else []),
         # noisy's clients start first: quiet's larger share must not come from arriving first.
         ("shares, fair on", fair, {"noisy": (nc, n), "quiet": (nc, n)}),
         ("shares, fair off", plain, {"noisy": (nc, n), "quiet": (nc, n)}),
@@ -195,7 +200,7 @@ async def phases(args: argparse.Namespace, fair: str, plain: str, predictor_http
     out = []
     limits = httpx.Limits(max_connections=2 * nc + 8, max_keepalive_connections=2 * nc + 8)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        for base in (fair, plain):  # warm: connections, first lookups
+        for base in bases:  # warm: connections, first lookups
             await Load(base, keys, 99).one(client, Tenant("quiet"), 4, time.monotonic() + 60)
         for name, base, traffic in plan:
             await drained(client, predictor_http)
@@ -279,7 +284,8 @@ def report(args: argparse.Namespace, ps: list[Phase], minutes: float, loads: tup
     extra = " ".join(f"--transformer-arg={a}" for a in args.transformer_arg)
     cmd = (f"flock /tmp/semserve-heavy.lock .venv/bin/semserve bench fairness --duration {d:g} "
            f"--max-num-seqs {args.max_num_seqs} --quiet-tokens {args.quiet_tokens} --noisy-tokens "
-           f"{args.noisy_tokens} --noisy-concurrency {args.noisy_concurrency} {extra}").strip()
+           f"{args.noisy_tokens} --noisy-concurrency {args.noisy_concurrency} --reserve {args.reserve} "
+           f"{extra}").strip()
     return (
         f"\n### Fairness run ({time.strftime('%Y-%m-%d %H:%M')}, {_machine()})\n\n"
         f"Command: `{cmd}` ({minutes:.1f} min, predictor start {predictor_start_s:.0f} s). One predictor "
@@ -323,7 +329,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"==> predictor (max_num_seqs {args.max_num_seqs})", flush=True)
         predictor_start_s = predictor.start().wait_ready()
         bases = []
-        for name, extra in (("fair", list(args.transformer_arg)), ("plain", ["--no-fair-admission"])):
+        variants = [("fair", list(args.transformer_arg)), ("plain", ["--no-fair-admission"])]
+        if args.reserve:
+            variants.append(("reserve", [*args.transformer_arg, f"--fair-reserve={args.reserve}"]))
+        for name, extra in variants:
             http, grpc = _free_port(), _free_port()
             proc = Proc(f"transformer-{name}", [
                 "transformer", "--http-port", str(http), "--grpc-port", str(grpc),
@@ -337,7 +346,8 @@ def main(args: argparse.Namespace) -> int:
         for proc in transformers:
             proc.wait_ready(300)
         print(f"==> phases, {args.duration:g} s each", flush=True)
-        ps = asyncio.run(phases(args, bases[0], bases[1], f"http://127.0.0.1:{p_http}", keys))
+        reserve = bases[2] if args.reserve else None
+        ps = asyncio.run(phases(args, bases[0], bases[1], reserve, f"http://127.0.0.1:{p_http}", keys))
     finally:
         for proc in transformers:
             proc.stop()

@@ -95,10 +95,17 @@ class Vtc:
         t.queue.append(waiter)
         return waiter
 
-    def next(self) -> Waiter | None:
-        """The miss to admit next: the head of the backlogged tenant with the lowest counter."""
-        heads = [(t.counter, t.queue[0].seq, t.queue[0]) for t in self.tenants.values() if t.queue]
+    def next(self, idle_only: bool = False) -> Waiter | None:
+        """The miss to admit next: the head of the backlogged tenant with the lowest counter
+        (`idle_only`: among tenants with nothing in flight)."""
+        heads = [(t.counter, t.queue[0].seq, t.queue[0]) for t in self.tenants.values()
+                 if t.queue and not (idle_only and t.in_flight_tokens)]
         return min(heads, key=lambda h: (h[0], h[1]))[2] if heads else None
+
+    def busy(self, tenant: str) -> bool:
+        """Whether `tenant` has misses in flight."""
+        t = self.tenants.get(tenant)
+        return t is not None and t.in_flight_tokens > 0
 
     def admit(self, waiter: Waiter, now: float) -> None:
         t = self.tenants[waiter.tenant]
@@ -213,7 +220,7 @@ def refusal(vtc: Vtc, waiter: Waiter, wait_s: float, max_wait_s: float) -> RateL
 class Room:
     """Whether the predictor takes another miss now (transformers_svc/saturation.py's Saturation)."""
 
-    def has_room(self) -> bool:
+    def has_room(self, busy: bool = False) -> bool:
         return True
 
     def admitted(self) -> object:
@@ -265,7 +272,7 @@ class FairQueue:
         """Return when this miss's turn came and the predictor has room, or raise its refusal."""
         now = self.clock()
         waiter = self.vtc.arrive(tenant, weight, cost_tokens, now)
-        if self.vtc.next() is waiter and self.room.has_room():
+        if self._may_go(waiter):
             slot = self._admit(waiter, now)
             metrics.ADMISSION_QUEUE_SECONDS.labels(self.model, tenant).observe(0.0)
             return slot
@@ -301,17 +308,37 @@ class FairQueue:
         self.vtc.admit(waiter, now)
         return FairSlot(self, waiter, self.room.admitted())
 
+    def _may_go(self, waiter: Waiter) -> bool:
+        """Whether `waiter` is admitted now: next in VTC order with room for it, or, when the next
+        one's tenant is held off the reserved places, the first of a tenant with nothing in flight."""
+        head = self.vtc.next()
+        if head is waiter:
+            return self.room.has_room(self.vtc.busy(waiter.tenant))
+        if head is not None and self.vtc.busy(head.tenant) and self.vtc.next(idle_only=True) is waiter:
+            return not self.room.has_room(True) and self.room.has_room(False)
+        return False
+
     def _dispatch(self) -> None:
         """Admit waiters in VTC order while the predictor has room."""
         while (waiter := self.vtc.next()) is not None:
-            future = self._futures.get(waiter)
-            if future is None or future.done():  # not awaited (yet, or any more): drop it
-                self.vtc.cancel(waiter)
+            if not self._awaited(waiter):
                 continue
-            if not self.room.has_room():
+            if not self.room.has_room(self.vtc.busy(waiter.tenant)):
+                # The reserved places: for the first waiter of a tenant with nothing in flight.
+                idle = self.vtc.next(idle_only=True)
+                if idle is not None and self._awaited(idle) and self.room.has_room(False):
+                    self._futures[idle].set_result(self._admit(idle, self.clock()))
+                    continue
                 self.room.wanted()
                 return
-            future.set_result(self._admit(waiter, self.clock()))
+            self._futures[waiter].set_result(self._admit(waiter, self.clock()))
+
+    def _awaited(self, waiter: Waiter) -> bool:
+        future = self._futures.get(waiter)
+        if future is None or future.done():  # not awaited (yet, or any more): drop it
+            self.vtc.cancel(waiter)
+            return False
+        return True
 
     def _release(self, slot: FairSlot, waiter: Waiter, token: object, prompt: int, completion: int) -> None:
         self.vtc.release(waiter, prompt, completion)

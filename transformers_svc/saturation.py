@@ -75,17 +75,22 @@ def parse_load(text: str) -> PredictorLoad | None:
 
 
 def has_room(
-    load: PredictorLoad | None, pending: int, max_waiting: int, max_kv: float, capacity: float | None = None
+    load: PredictorLoad | None, pending: int, max_waiting: int, max_kv: float, capacity: float | None = None,
+    reserve: int = 0,
 ) -> bool:
     """Room for one more miss: no load known (fail open); else KV use at most `max_kv` and, with
     the predictor's batch size learned (`capacity`), running + waiting + pending below capacity +
     `max_waiting`; before it is learned (it is when the batch overflows), waiting + pending below
-    the larger of `max_waiting` and the requests running (a burst doubles what runs per read)."""
+    the larger of `max_waiting` and the requests running (a burst doubles what runs per read).
+    With `reserve` (a miss of a tenant that has misses in flight, --fair-reserve), a learned batch
+    is filled only to capacity - reserve: those places wait for a tenant with nothing in flight."""
     if load is None:
         return True
     if load.kv_usage > max_kv:
         return False
     if capacity is not None:
+        if reserve > 0:
+            return load.running + load.waiting + pending < capacity - reserve
         return load.running + load.waiting + pending < capacity + max_waiting
     return load.waiting + pending < max(max_waiting, load.running)
 
@@ -104,8 +109,9 @@ def metrics_url_of(predictor_host: str) -> str:
 class Saturation:
     """The fair queue's Room: the last read of the predictor's load and the misses since."""
 
-    def __init__(self, url: str, poll_s: float, max_waiting: int, max_kv: float) -> None:
+    def __init__(self, url: str, poll_s: float, max_waiting: int, max_kv: float, reserve: int = 0) -> None:
         self.url, self.poll_s, self.max_waiting, self.max_kv = url, poll_s, max_waiting, max_kv
+        self.reserve = reserve
         self.load: PredictorLoad | None = None
         self.readable = True
         # Misses admitted and not ended, by number: admission time. A read that started SETTLE_S
@@ -122,11 +128,13 @@ class Saturation:
 
     # -- Room ---------------------------------------------------------------------------------------
 
-    def has_room(self) -> bool:
+    def has_room(self, busy: bool = False) -> bool:
+        """Room for a miss; `busy`: of a tenant with misses in flight (kept off the reserve)."""
         self._start()
         if not self.last_read:  # the first read is under way (milliseconds): not a guess before it
             return False
-        return has_room(self.load, self.pending, self.max_waiting, self.max_kv, self.capacity)
+        reserve = self.reserve if busy else 0
+        return has_room(self.load, self.pending, self.max_waiting, self.max_kv, self.capacity, reserve)
 
     @property
     def pending(self) -> int:

@@ -85,7 +85,8 @@ def build_fair_queue(settings: TransformerSettings) -> FairQueue | None:
     if not settings.fair_admission:
         return None
     url = settings.predictor_metrics_url or metrics_url_of(settings.predictor_host)
-    room = Saturation(url, settings.fair_poll_s, settings.fair_max_waiting, settings.fair_max_kv_cache_usage)
+    room = Saturation(url, settings.fair_poll_s, settings.fair_max_waiting, settings.fair_max_kv_cache_usage,
+                      settings.fair_reserve)
     log.info("fair_admission", predictor_metrics=url, max_waiting=settings.fair_max_waiting,
              max_kv_cache_usage=settings.fair_max_kv_cache_usage, max_wait_s=settings.fair_max_wait_s)
     return FairQueue(settings.model_name, room, settings.fair_max_wait_s)

@@ -301,3 +301,45 @@ def test_unreadable_metrics_fail_open(caplog: pytest.LogCaptureFixture) -> None:
             slot.release(1, 1)
 
     asyncio.run(scenario())
+
+
+# (label, load, pending, capacity, reserve, room) with max_waiting 2, max_kv 0.95
+RESERVE_TABLE = [
+    ("busy tenant: batch of 8 filled to 7", PredictorLoad(0, 0.1, 6), 0, 8, 1, True),
+    ("busy tenant: not to 8", PredictorLoad(0, 0.1, 7), 0, 8, 1, False),
+    ("busy tenant: pending counts", PredictorLoad(0, 0.1, 6), 1, 8, 1, False),
+    ("no reserve: 8 running + 1 waiting", PredictorLoad(1, 0.1, 8), 0, 8, 0, True),
+    ("batch size not learned: no reserve yet", PredictorLoad(0, 0.1, 7), 0, None, 1, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", RESERVE_TABLE, ids=[r[0] for r in RESERVE_TABLE])
+def test_reserve(row: tuple) -> None:
+    _, load, pending, capacity, reserve, want = row
+    assert has_room(load, pending, 2, 0.95, capacity, reserve) is want
+
+
+def test_reserved_place_goes_to_a_tenant_with_nothing_in_flight(page: Page) -> None:
+    async def scenario() -> None:
+        room = Saturation(page.url, poll_s=0.05, max_waiting=1, max_kv=0.95, reserve=1)
+        queue = FairQueue("llm", room, max_wait_s=1e9)
+        page.load(running=4, waiting=2)  # a batch of 4, learned
+        room.wanted()  # reads start with the first miss; here, now
+        await asyncio.sleep(0.15)
+        assert room.capacity == 4
+        page.load(running=2, waiting=0)  # two places free
+        await asyncio.sleep(0.15)
+        noisy_slots = [await asyncio.wait_for(queue.acquire("noisy", 1.0, 100), 1)]
+        page.load(running=3, waiting=0)  # one place free: reserved, noisy has one in flight
+        await asyncio.sleep(0.15)
+        waiting_noisy = asyncio.create_task(queue.acquire("noisy", 1.0, 100))
+        await asyncio.sleep(0.15)
+        assert not waiting_noisy.done()
+        quiet = await asyncio.wait_for(queue.acquire("quiet", 1.0, 10), 1)  # the reserved place
+        assert not waiting_noisy.done()
+        page.load(running=0, waiting=0)
+        noisy_slots.append(await asyncio.wait_for(waiting_noisy, 2))
+        for slot in (*noisy_slots, quiet):
+            slot.release(1, 1)
+
+    asyncio.run(scenario())
