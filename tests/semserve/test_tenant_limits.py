@@ -54,5 +54,5 @@ def test_a_bad_file_is_refused_with_its_path(tmp_path: Path) -> None:
     path.write_text(json.dumps(["acme"]))
     with pytest.raises(LimitsError, match="expected a JSON object"):
         LimitsTable.load(path)
-    with pytest.raises(LimitsError, match="missing.json"):
+    with pytest.raises(LimitsError, match=r"missing\.json"):
         LimitsTable.load(tmp_path / "missing.json")
