@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "e.g. --transformer-arg=--fair-max-waiting=4")
     p.add_argument("--reserve", type=int, default=0,
                    help="also a mixed phase through a third transformer with --fair-reserve N (0: none)")
+    p.add_argument("--vllm-priority", action="store_true",
+                   help="then vLLM's own server with --scheduling-policy priority: the mixed load straight "
+                   "to it, one priority for both tenants and quiet's first (issue 27: does it help?)")
     p.add_argument("--model", default=None, help="HF model dir (default: the prepared SmolLM2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None, help="append the markdown section to this file")
@@ -91,9 +94,15 @@ class Phase:
 
 
 class Load:
-    def __init__(self, base: str, keys: dict[str, str], seed: int) -> None:
-        self.url = f"{base}/openai/v1/chat/completions"
+    """Closed-loop clients of one server. `priority` (vLLM's own server with --scheduling-policy
+    priority): a `priority` per tenant in each body, lower first."""
+
+    def __init__(self, base: str, keys: dict[str, str], seed: int, path: str = "/openai/v1/chat/completions",
+                 priority: dict[str, int] | None = None) -> None:
+        self.base = base
+        self.url = f"{base}{path}"
         self.keys = keys
+        self.priority = priority
         self.rng = random.Random(seed)
         self.tag = f"{self.rng.randrange(16**6):06x}"
         self.n = 0
@@ -107,11 +116,14 @@ class Load:
         body = {"model": MODEL, "messages": [{"role": "user", "content": self.prompt(t.name)}],
                 "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
+        if self.priority is not None:
+            body["priority"] = self.priority[t.name]
         started = time.monotonic()
         first = True
         chunks = 0
-        async with client.stream("POST", self.url, json=body,
-                                 headers={"authorization": f"Bearer {self.keys[t.name]}"}) as resp:
+        key = self.keys.get(t.name)
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        async with client.stream("POST", self.url, json=body, headers=headers) as resp:
             if resp.status_code in (429, 503):
                 t.refused[resp.status_code] = t.refused.get(resp.status_code, 0) + 1
                 await asyncio.sleep(min(5.0, float(resp.headers.get("retry-after", "1"))))
@@ -181,35 +193,61 @@ async def drained(client: httpx.AsyncClient, predictor_http: str, timeout_s: flo
         await asyncio.sleep(0.5)
 
 
+# name, clients, {tenant: (concurrency, max_tokens)}
+Plan = list[tuple[str, Load, dict[str, tuple[int, int]]]]
+
+
 async def phases(args: argparse.Namespace, fair: str, plain: str, reserve: str | None, predictor_http: str,
                  keys: dict[str, str]) -> list[Phase]:
     bases = [b for b in (fair, plain, reserve) if b is not None]
     loads = {base: Load(base, keys, args.seed + i) for i, base in enumerate(bases)}
     q, n, nc = args.quiet_tokens, args.noisy_tokens, args.noisy_concurrency
-    plan = [  # name, transformer, {tenant: (concurrency, max_tokens)}
-        ("quiet solo", fair, {"quiet": (1, q)}),
-        ("noisy solo", fair, {"noisy": (nc, n)}),
-        ("mixed, fair on", fair, {"quiet": (1, q), "noisy": (nc, n)}),
-        ("mixed, fair off", plain, {"quiet": (1, q), "noisy": (nc, n)}),
-        *([(f"mixed, fair on, reserve {args.reserve}", reserve, {"quiet": (1, q), "noisy": (nc, n)})]
+    plan: Plan = [
+        ("quiet solo", loads[fair], {"quiet": (1, q)}),
+        ("noisy solo", loads[fair], {"noisy": (nc, n)}),
+        ("mixed, fair on", loads[fair], {"quiet": (1, q), "noisy": (nc, n)}),
+        ("mixed, fair off", loads[plain], {"quiet": (1, q), "noisy": (nc, n)}),
+        *([(f"mixed, fair on, reserve {args.reserve}", loads[reserve], {"quiet": (1, q), "noisy": (nc, n)})]
           if reserve is not None else []),
         # noisy's clients start first: quiet's larger share must not come from arriving first.
-        ("shares, fair on", fair, {"noisy": (nc, n), "quiet": (nc, n)}),
-        ("shares, fair off", plain, {"noisy": (nc, n), "quiet": (nc, n)}),
+        ("shares, fair on", loads[fair], {"noisy": (nc, n), "quiet": (nc, n)}),
+        ("shares, fair off", loads[plain], {"noisy": (nc, n), "quiet": (nc, n)}),
     ]
+    return await run_plan(args, plan, predictor_http)
+
+
+async def vllm_priority_phases(args: argparse.Namespace, base: str) -> list[Phase]:
+    """vLLM's own server with --scheduling-policy priority, no transformer: the same mixed load
+    with one priority for both tenants (first come, first served) and with quiet's first."""
+    q, n, nc = args.quiet_tokens, args.noisy_tokens, args.noisy_concurrency
+    path = "/v1/chat/completions"
+    plan: Plan = [
+        ("vLLM priority: quiet solo", Load(base, {}, args.seed + 10, path, {"quiet": 0}), {"quiet": (1, q)}),
+        ("vLLM priority: mixed, same", Load(base, {}, args.seed + 11, path, {"quiet": 0, "noisy": 0}),
+         {"quiet": (1, q), "noisy": (nc, n)}),
+        ("vLLM priority: mixed, quiet first", Load(base, {}, args.seed + 12, path, {"quiet": 0, "noisy": 1}),
+         {"quiet": (1, q), "noisy": (nc, n)}),
+    ]
+    return await run_plan(args, plan, base)
+
+
+async def run_plan(args: argparse.Namespace, plan: Plan, predictor_http: str) -> list[Phase]:
     out = []
+    nc = args.noisy_concurrency
     limits = httpx.Limits(max_connections=2 * nc + 8, max_keepalive_connections=2 * nc + 8)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        for base in bases:  # warm: connections, first lookups
-            await Load(base, keys, 99).one(client, Tenant("quiet"), 4, time.monotonic() + 60)
-        for name, base, traffic in plan:
+        for load in {id(load): load for _, load, _ in plan}.values():  # warm: connections, first lookups
+            await Load(load.base, load.keys, 99, load.url[len(load.base):], load.priority).one(
+                client, Tenant("quiet"), 4, time.monotonic() + 60)
+        for name, load, traffic in plan:
             await drained(client, predictor_http)
             phase = Phase(name, {t: Tenant(t) for t in traffic})
+            base = load.base
             before = await queue_waits(client, base)
             started = time.monotonic()
             end = started + args.duration
-            loads[base].second_half = started + args.duration / 2
-            await asyncio.gather(*(loads[base].tenant(client, phase.tenants[t], c, m, end)
+            load.second_half = started + args.duration / 2
+            await asyncio.gather(*(load.tenant(client, phase.tenants[t], c, m, end)
                                    for t, (c, m) in traffic.items()))
             phase.seconds = time.monotonic() - started
             after = await queue_waits(client, base)
@@ -236,7 +274,7 @@ def _progress(p: Phase, duration: float) -> None:
 
 
 def report(args: argparse.Namespace, ps: list[Phase], minutes: float, loads: tuple[float, float],
-           predictor_start_s: float) -> str:
+           predictor_start_s: float, vllm_start_s: float = float("nan")) -> str:
     by = {p.name: p for p in ps}
     d = args.duration
 
@@ -259,7 +297,8 @@ def report(args: argparse.Namespace, ps: list[Phase], minutes: float, loads: tup
     for p in ps:
         has_n = "noisy" in p.tenants
         has_q = "quiet" in p.tenants and not p.name.startswith("shares")  # there quiet is noisy too
-        solo_q50, solo_q99 = ttft("quiet solo", 0.5), ttft("quiet solo", 0.99)
+        solo = "vLLM priority: quiet solo" if p.name.startswith("vLLM") else "quiet solo"
+        solo_q50, solo_q99 = ttft(solo, 0.5), ttft(solo, 0.99)
         q50 = ttft(p.name, 0.5) if has_q else float("nan")
         q99 = ttft(p.name, 0.99) if has_q else float("nan")
         nt = tput(p.name) if has_n else float("nan")
@@ -281,10 +320,19 @@ def report(args: argparse.Namespace, ps: list[Phase], minutes: float, loads: tup
         f"noisy throughput beside quiet, fair on {on_tput:.2f}x solo (goal >= {GOAL_THROUGHPUT}x): "
         f"{'met' if on_tput >= GOAL_THROUGHPUT else 'not met'}",
     ]
+    if "vLLM priority: mixed, same" in by:
+        same_p, first_p = "vLLM priority: mixed, same", "vLLM priority: mixed, quiet first"
+        same, first = ttft(same_p, 0.5), ttft(first_p, 0.5)
+        goals.append(
+            f"vLLM's priority scheduling alone (its own server, no transformer): quiet TTFT p50 "
+            f"{first / same:.2f}x with quiet's requests first against one priority for both ({first:.0f} "
+            f"vs {same:.0f} ms); noisy tok/s {tput(first_p):.1f} vs {tput(same_p):.1f} (noisy's x solo in "
+            "these rows is against our predictor's noisy solo)")
     extra = " ".join(f"--transformer-arg={a}" for a in args.transformer_arg)
     cmd = (f"flock /tmp/semserve-heavy.lock .venv/bin/semserve bench fairness --duration {d:g} "
            f"--max-num-seqs {args.max_num_seqs} --quiet-tokens {args.quiet_tokens} --noisy-tokens "
            f"{args.noisy_tokens} --noisy-concurrency {args.noisy_concurrency} --reserve {args.reserve} "
+           f"{'--vllm-priority ' if args.vllm_priority else ''}"
            f"{extra}").strip()
     return (
         f"\n### Fairness run ({time.strftime('%Y-%m-%d %H:%M')}, {_machine()})\n\n"
@@ -293,7 +341,11 @@ def report(args: argparse.Namespace, ps: list[Phase], minutes: float, loads: tup
         f"(weights quiet 2 : noisy 1), one with fair admission (defaults{', ' + extra if extra else ''}), "
         f"one with --no-fair-admission; {d:g} s per phase, streaming chat, fresh prompts (all misses), "
         f"ignore_eos. quiet: c=1, {args.quiet_tokens} tokens; noisy: c={args.noisy_concurrency}, "
-        f"{args.noisy_tokens} tokens; in the shares phases both tenants send noisy's load. Load average "
+        f"{args.noisy_tokens} tokens; in the shares phases both tenants send noisy's load."
+        + (f" The vLLM priority rows: vLLM's own server (`--scheduling-policy priority`, max_num_seqs "
+           f"{args.max_num_seqs}, started after the others stopped, {vllm_start_s:.0f} s), clients "
+           "straight to it, `priority` in the body (lower first)." if args.vllm_priority else "")
+        + " Load average "
         f"{loads[0]:.1f} at the start, {loads[1]:.1f} at the end.\n\n" + "\n".join(rows) + "\n\n"
         + "\n".join(f"- {g}" for g in goals) + "\n"
     )
@@ -353,8 +405,25 @@ def main(args: argparse.Namespace) -> int:
             proc.stop()
         predictor.stop()
         redis.stop()
+    vllm_start_s = float("nan")
+    if args.vllm_priority:
+        port = _free_port()
+        vllm = Proc("vllm", [
+            "--model", str(model_dir), "--served-model-name", MODEL, "--host", "127.0.0.1",
+            "--port", str(port),
+            "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "2048",
+            "--gpu-memory-utilization", os.environ.get("SEMSERVE_BENCH_MEMORY_UTILIZATION", "0.25"),
+            "--scheduling-policy", "priority",
+        ], f"http://127.0.0.1:{port}/v1/models", LOG_DIR / "fairness-bench-vllm.log",
+            module="vllm.entrypoints.openai.api_server")
+        try:
+            print("==> vLLM's own server, --scheduling-policy priority", flush=True)
+            vllm_start_s = vllm.start().wait_ready()
+            ps += asyncio.run(vllm_priority_phases(args, f"http://127.0.0.1:{port}"))
+        finally:
+            vllm.stop()
     minutes = (time.monotonic() - started) / 60
-    text = report(args, ps, minutes, (load_start, os.getloadavg()[0]), predictor_start_s)
+    text = report(args, ps, minutes, (load_start, os.getloadavg()[0]), predictor_start_s, vllm_start_s)
     print(text)
     if args.output:
         with open(args.output, "a") as f:

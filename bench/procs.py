@@ -18,10 +18,13 @@ LOG_DIR = ROOT / ".cache" / "bench-logs"
 
 
 class Proc:
-    """A `python -m semserve ...` child with its log in a file: start now, wait for ready later."""
+    """A `python -m semserve ...` child (or another module's) with its log in a file: start now,
+    wait for ready later."""
 
-    def __init__(self, name: str, args: list[str], ready_url: str, log: Path) -> None:
-        self.name, self.args, self.ready_url, self.log = name, args, ready_url, log
+    def __init__(
+        self, name: str, args: list[str], ready_url: str, log: Path, module: str = "semserve"
+    ) -> None:
+        self.name, self.args, self.ready_url, self.log, self.module = name, args, ready_url, log, module
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.start_s = float("nan")
@@ -30,7 +33,7 @@ class Proc:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "semserve", *self.args], stdout=self.log.open("wb"),
+            [sys.executable, "-m", self.module, *self.args], stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )

@@ -11,7 +11,8 @@ from bench.fairness import Phase, Tenant, report
 def args(**kw: object) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    return parser.parse_args(["bench", "fairness", *[f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]])
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in kw.items()]
+    return parser.parse_args(["bench", "fairness", *flags])
 
 
 def test_flags_and_defaults() -> None:
@@ -53,3 +54,22 @@ def test_report_ratios_and_goals() -> None:
     off = report(args(duration=10), [*ps[:2], phase("mixed, fair on", ([900.0], 9), 500), *ps[3:4],
                                       phase("shares, fair on", ([1.0], 500), 500), ps[5]], 3.0, (1, 2), 60)
     assert off.count("not met") == 3
+
+
+def test_vllm_priority_rows_read_against_their_own_solo() -> None:
+    ps = [
+        phase("quiet solo", ([100.0] * 9, 90), None),
+        phase("noisy solo", None, 1000),
+        phase("mixed, fair on", ([140.0] * 9, 90), 900),
+        phase("mixed, fair off", ([900.0] * 9, 90), 1000),
+        phase("shares, fair on", ([1.0], 660), 340),
+        phase("shares, fair off", ([1.0], 500), 500),
+        phase("vLLM priority: quiet solo", ([200.0] * 9, 90), None),
+        phase("vLLM priority: mixed, same", ([1000.0] * 9, 90), 1000),
+        phase("vLLM priority: mixed, quiet first", ([500.0] * 9, 90), 800),
+    ]
+    text = report(args(duration=10, vllm_priority=True), ps, 3.0, (1.0, 2.0), 60.0, 90.0)
+    # quiet's ratios in the vLLM rows are against quiet solo on vLLM's server (200 ms), not ours
+    assert "| vLLM priority: mixed, quiet first | 500 | 500 | 2.50 | 2.50 | 80.0 |" in text
+    assert "p50 0.50x with quiet's requests first against one priority for both (500 vs 1000 ms)" in text
+    assert "--vllm-priority" in text and "(`--scheduling-policy priority`, max_num_seqs 8" in text
