@@ -28,9 +28,11 @@ replicas, so each replica admits only while the shared predictor has room.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -242,12 +244,16 @@ class FairSlot:
     def __init__(self, queue: FairQueue, waiter: Waiter, token: object) -> None:
         self._queue, self._waiter, self._token = queue, waiter, token
         self._released = False
+        # A slot dropped unreleased (a generation's pieces never read nor closed) must not hold its
+        # place for ever: the Room counts this transformer's misses in flight exactly, no read heals it.
+        self._leak = weakref.finalize(self, queue._release_dropped, waiter, token)
 
     def release(self, prompt_tokens: int, completion_tokens: int) -> None:
         if self._released:
             return
         self._released = True
-        self._queue._release(self, self._waiter, self._token, prompt_tokens, completion_tokens)
+        self._leak.detach()
+        self._queue._release(self._waiter, self._token, prompt_tokens, completion_tokens)
 
 
 class FairQueue:
@@ -265,11 +271,13 @@ class FairQueue:
         self.vtc = Vtc(weights)
         self.clock = clock
         self._futures: dict[Waiter, asyncio.Future[FairSlot]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop misses are admitted on
         self.room.on_change(self._dispatch)
         metrics.ADMISSION_QUEUE_DEPTH.labels(model).set(0)
 
     async def acquire(self, tenant: str, weight: float, cost_tokens: int) -> FairSlot:
         """Return when this miss's turn came and the predictor has room, or raise its refusal."""
+        self._loop = asyncio.get_running_loop()
         now = self.clock()
         waiter = self.vtc.arrive(tenant, weight, cost_tokens, now)
         if self._may_go(waiter):
@@ -285,7 +293,7 @@ class FairQueue:
             log.info("fair_queue_shed", tenant=tenant, reason=reason, wait_estimate_s=round(wait_s or 0, 2),
                      queued=self.vtc.depth())
             raise refused
-        future: asyncio.Future[FairSlot] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[FairSlot] = self._loop.create_future()
         self._futures[waiter] = future
         self._depth()
         self.room.wanted()
@@ -340,10 +348,21 @@ class FairQueue:
             return False
         return True
 
-    def _release(self, slot: FairSlot, waiter: Waiter, token: object, prompt: int, completion: int) -> None:
+    def _release(self, waiter: Waiter, token: object, prompt: int, completion: int) -> None:
         self.vtc.release(waiter, prompt, completion)
         self.room.released(token)
         self._dispatch()
+
+    def _release_dropped(self, waiter: Waiter, token: object) -> None:
+        """A slot garbage-collected unreleased (at collection time, maybe in another thread): released
+        with no usage on the loop's next turn."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        log.warning("fair_slot_dropped", tenant=waiter.tenant,
+                    effect="released with no usage: its pieces were neither read to the end nor closed")
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._release, waiter, token, 0, 0)
 
     def _depth(self) -> None:
         metrics.ADMISSION_QUEUE_DEPTH.labels(self.model).set(len(self._futures))

@@ -5,11 +5,16 @@ from the predictor's Prometheus endpoint every `poll_s` (and sooner, at most eve
 when a miss waits for room); the reads pause while no miss comes (`IDLE_S`).
 
 Between two reads this transformer counts the misses it admitted since the last read and that
-have not ended (`pending`): they are not in the figures yet. The predictor's batch size (its
-max_num_seqs) is learned as the most requests seen running while others waited. Room: KV use at
-most `max_kv`, and running + waiting + pending below that batch size + `max_waiting` (so at most
-about `max_waiting` misses wait in the predictor's own first-come-first-served queue; the rest wait
-here, in fair order). Several replicas read the same predictor, so its signal couples them.
+have not ended (`pending`): they are not in the figures yet. The figures lag by an engine step or
+more (vLLM publishes them after each step: ~0.4 s with 8 requests on 2 CPU cores), so a miss can
+leave `pending` before the figures show it; this transformer's own misses in flight (admitted, not
+ended: exact, never stale) are therefore a floor under the figures. Without that floor each stale
+read let more misses through and the predictor's own queue grew without bound. The predictor's
+batch size (its max_num_seqs) is learned as the most requests seen running while others waited.
+Room: KV use at most `max_kv`, and the requests in the predictor (the larger of running + waiting +
+pending and this transformer's in flight) below that batch size + `max_waiting` (so at most about
+`max_waiting` misses wait in the predictor's own first-come-first-served queue; the rest wait here,
+in fair order). Several replicas read the same predictor, so its signal couples them.
 
 The first misses wait for the first read (it starts with the first miss). The endpoint unreadable
 (wrong URL, predictor starting): one warning line, and every miss is admitted (fail open) until a
@@ -76,22 +81,24 @@ def parse_load(text: str) -> PredictorLoad | None:
 
 def has_room(
     load: PredictorLoad | None, pending: int, max_waiting: int, max_kv: float, capacity: float | None = None,
-    reserve: int = 0,
+    reserve: int = 0, in_flight: int = 0,
 ) -> bool:
     """Room for one more miss: no load known (fail open); else KV use at most `max_kv` and, with
     the predictor's batch size learned (`capacity`), running + waiting + pending below capacity +
     `max_waiting`; before it is learned (it is when the batch overflows), waiting + pending below
     the larger of `max_waiting` and the requests running (a burst doubles what runs per read).
     With `reserve` (a miss of a tenant that has misses in flight, --fair-reserve), a learned batch
-    is filled only to capacity - reserve: those places wait for a tenant with nothing in flight."""
+    is filled only to capacity - reserve: those places wait for a tenant with nothing in flight.
+    `in_flight`: this transformer's misses admitted and not ended, a floor under the (lagging) figures."""
     if load is None:
         return True
     if load.kv_usage > max_kv:
         return False
     if capacity is not None:
+        inside = max(load.running + load.waiting + pending, in_flight)
         if reserve > 0:
-            return load.running + load.waiting + pending < capacity - reserve
-        return load.running + load.waiting + pending < capacity + max_waiting
+            return inside < capacity - reserve
+        return inside < capacity + max_waiting
     return load.waiting + pending < max(max_waiting, load.running)
 
 
@@ -118,6 +125,7 @@ class Saturation:
         # after a miss was admitted has it in its figures (the miss reached the engine by then).
         self._pending: dict[int, float] = {}
         self._admissions = 0
+        self._in_flight: set[int] = set()  # admitted, not ended (exact: no read involved)
         self._callbacks: list[Callable[[], None]] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -134,7 +142,8 @@ class Saturation:
         if not self.last_read:  # the first read is under way (milliseconds): not a guess before it
             return False
         reserve = self.reserve if busy else 0
-        return has_room(self.load, self.pending, self.max_waiting, self.max_kv, self.capacity, reserve)
+        return has_room(self.load, self.pending, self.max_waiting, self.max_kv, self.capacity, reserve,
+                        len(self._in_flight))
 
     @property
     def pending(self) -> int:
@@ -145,11 +154,13 @@ class Saturation:
         self._wake_if_idle()
         self._admissions += 1
         self._pending[self._admissions] = self._active
+        self._in_flight.add(self._admissions)
         return self._admissions
 
     def released(self, token: object) -> None:
-        if isinstance(token, int):  # ended before a read counted it: no longer pending
+        if isinstance(token, int):  # ended (before a read counted it or after): no longer pending
             self._pending.pop(token, None)
+            self._in_flight.discard(token)
 
     def wanted(self) -> None:
         self._active = time.monotonic()

@@ -313,6 +313,80 @@ RESERVE_TABLE = [
 ]  # fmt: skip
 
 
+# (label, load, pending, in_flight, capacity, reserve, room) with max_waiting 2, max_kv 0.95: this
+# transformer's own misses in flight are a floor under the predictor's figures, which lag a step.
+IN_FLIGHT_TABLE = [
+    ("stale figures, more of ours in flight: no room", PredictorLoad(1, 0.1, 8), 0, 10, 8, 0, False),
+    ("stale figures, ours fit: the figures decide", PredictorLoad(1, 0.1, 8), 0, 3, 8, 0, True),
+    ("figures above ours (other replicas): figures", PredictorLoad(2, 0.1, 8), 0, 1, 8, 0, False),
+    ("ours at the batch less the reserve", PredictorLoad(0, 0.1, 5), 0, 7, 8, 1, False),
+    ("ours below it, figures agree", PredictorLoad(0, 0.1, 5), 0, 6, 8, 1, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", IN_FLIGHT_TABLE, ids=[r[0] for r in IN_FLIGHT_TABLE])
+def test_own_misses_in_flight_floor_the_figures(row: tuple) -> None:
+    _, load, pending, in_flight, capacity, reserve, want = row
+    assert has_room(load, pending, 2, 0.95, capacity, reserve, in_flight) is want
+
+
+def test_stale_figures_do_not_let_misses_through_read_after_read(page: Page) -> None:
+    """The predictor's figures lag (vLLM publishes them after each engine step, ~0.4 s on this CPU):
+    reads that keep saying "8 running, 1 waiting" admit one miss, not one per read."""
+
+    async def scenario() -> None:
+        room = Saturation(page.url, poll_s=0.02, max_waiting=2, max_kv=0.95)
+        queue = FairQueue("llm", room, max_wait_s=1e9)
+        page.load(running=8, waiting=9)  # the batch of 8 is learned
+        room.wanted()
+        await asyncio.sleep(0.15)
+        assert room.capacity == 8
+        page.load(running=0, waiting=0)
+        await asyncio.sleep(0.1)
+        slots = [await asyncio.wait_for(queue.acquire("noisy", 1.0, 100), 1) for _ in range(9)]
+        page.load(running=8, waiting=1)  # frozen from here on: the figures never show the next ones
+        more = [asyncio.create_task(queue.acquire("noisy", 1.0, 100)) for _ in range(5)]
+        await asyncio.sleep(0.5)  # ~25 reads, each past SETTLE_S of the last admission
+        assert sum(t.done() for t in more) == 1  # 9 + 1 = capacity + max_waiting
+        slots[0].release(1, 1)  # one of ours ended: one more, still not one per read
+        await asyncio.sleep(0.3)
+        assert sum(t.done() for t in more) == 2
+        for task in more:
+            task.cancel()
+        for slot in slots:
+            slot.release(1, 1)
+        for task in more:
+            if task.done() and not task.cancelled():
+                task.result().release(1, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_slot_dropped_unreleased_gives_its_place_back(page: Page) -> None:
+    import gc
+
+    async def scenario() -> None:
+        room = Saturation(page.url, poll_s=0.02, max_waiting=0, max_kv=0.95)
+        queue = FairQueue("llm", room, max_wait_s=1e9)
+        page.load(running=2, waiting=1)  # a batch of 2, learned
+        room.wanted()
+        await asyncio.sleep(0.15)
+        page.load(running=0, waiting=0)
+        await asyncio.sleep(0.1)
+        kept = await asyncio.wait_for(queue.acquire("a", 1.0, 10), 1)
+        dropped = await asyncio.wait_for(queue.acquire("b", 1.0, 10), 1)
+        third = asyncio.create_task(queue.acquire("c", 1.0, 10))
+        await asyncio.sleep(0.2)
+        assert not third.done()  # two in flight of a batch of 2
+        del dropped
+        gc.collect()
+        (await asyncio.wait_for(third, 1)).release(1, 1)
+        assert queue.vtc.busy("b") is False
+        kept.release(1, 1)
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("row", RESERVE_TABLE, ids=[r[0] for r in RESERVE_TABLE])
 def test_reserve(row: tuple) -> None:
     _, load, pending, capacity, reserve, want = row
