@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -91,6 +93,7 @@ class Phase:
     tenants: dict[str, Tenant]
     seconds: float = 0.0
     queue_wait_s: dict[str, float] = field(default_factory=dict)  # mean time in the fair queue
+    engine_waiting: list[float] = field(default_factory=list)  # the predictor's own queue, once a second
 
 
 class Load:
@@ -181,6 +184,22 @@ async def queue_waits(client: httpx.AsyncClient, base: str) -> dict[str, tuple[f
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+def engine_waiting(text: str) -> float:
+    """vllm:num_requests_waiting from a Prometheus page (all engines)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_waiting{"))
+
+
+async def sample_engine_queue(client: httpx.AsyncClient, predictor_http: str, into: list[float],
+                              end: float) -> None:
+    """The requests waiting in the predictor's own (first come, first served) queue, once a second:
+    fair admission holds it near --fair-max-waiting; without it the whole backlog waits there."""
+    while time.monotonic() < end:
+        with contextlib.suppress(httpx.HTTPError):
+            into.append(engine_waiting((await client.get(f"{predictor_http}/metrics")).text))
+        await asyncio.sleep(1.0)
+
+
 async def drained(client: httpx.AsyncClient, predictor_http: str, timeout_s: float = 60) -> None:
     """Wait until the predictor runs nothing (aborted generations gone)."""
     deadline = time.monotonic() + timeout_s
@@ -248,7 +267,8 @@ async def run_plan(args: argparse.Namespace, plan: Plan, predictor_http: str) ->
             end = started + args.duration
             load.second_half = started + args.duration / 2
             await asyncio.gather(*(load.tenant(client, phase.tenants[t], c, m, end)
-                                   for t, (c, m) in traffic.items()))
+                                   for t, (c, m) in traffic.items()),
+                                 sample_engine_queue(client, predictor_http, phase.engine_waiting, end))
             phase.seconds = time.monotonic() - started
             after = await queue_waits(client, base)
             for t, (s, c) in after.items():
@@ -267,7 +287,12 @@ def _progress(p: Phase, duration: float) -> None:
                      f"p99 {_percentile(t.ttft_ms, 0.99):.0f} ms (n={len(t.ttft_ms)}), "
                      f"{t.tokens() / duration:.1f} tok/s, refused {t.refused}, "
                      f"errors {t.errors}, queue {p.queue_wait_s.get(t.name, float('nan')):.2f} s")
-    print(f"  {p.name:<17} " + " | ".join(parts), flush=True)
+    print(f"  {p.name:<17} " + " | ".join(parts) + f" | predictor queue {_engine_queue(p)}", flush=True)
+
+
+def _engine_queue(p: Phase) -> str:
+    w = p.engine_waiting
+    return f"{statistics.fmean(w):.1f} / {max(w):.0f}" if w else "-"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,8 +317,8 @@ def report(args: argparse.Namespace, ps: list[Phase], minutes: float, loads: tup
     want = WEIGHTS["quiet"] / sum(WEIGHTS.values())
     rows = ["| phase | quiet TTFT p50 ms | p99 ms | x solo p50 | x solo p99 | noisy tok/s | x solo "
             "| quiet share of tokens (weight 0.67) | mean fair-queue wait quiet / noisy s "
-            "| refused 429/503 |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| predictor's own queue mean / max | refused 429/503 |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in ps:
         has_n = "noisy" in p.tenants
         has_q = "quiet" in p.tenants and not p.name.startswith("shares")  # there quiet is noisy too
@@ -308,7 +333,7 @@ def report(args: argparse.Namespace, ps: list[Phase], minutes: float, loads: tup
         waits = " / ".join(_f(p.queue_wait_s.get(t, float("nan")), 2) for t in ("quiet", "noisy"))
         rows.append(f"| {p.name} | {_f(q50, 0)} | {_f(q99, 0)} | {_f(q50 / solo_q50, 2)} "
                     f"| {_f(q99 / solo_q99, 2)} | {_f(nt)} | {_f(nt / tput('noisy solo'), 2)} | {_f(sh, 3)} "
-                    f"| {waits} | {refused}/{unavailable} |")
+                    f"| {waits} | {_engine_queue(p)} | {refused}/{unavailable} |")
     on_ttft = ttft("mixed, fair on", 0.5) / ttft("quiet solo", 0.5)
     on_share = share("shares, fair on")
     on_tput = tput("mixed, fair on") / tput("noisy solo")

@@ -73,3 +73,25 @@ def test_vllm_priority_rows_read_against_their_own_solo() -> None:
     assert "| vLLM priority: mixed, quiet first | 500 | 500 | 2.50 | 2.50 | 80.0 |" in text
     assert "p50 0.50x with quiet's requests first against one priority for both (500 vs 1000 ms)" in text
     assert "--vllm-priority" in text and "(`--scheduling-policy priority`, max_num_seqs 8" in text
+
+
+def test_the_predictors_own_queue_is_read_from_its_metrics_and_reported() -> None:
+    from bench.fairness import engine_waiting
+
+    page = ('vllm:num_requests_waiting{engine="0",model_name="llm"} 3.0\n'
+            'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 3.0\n'
+            'vllm:num_requests_waiting{engine="1",model_name="llm"} 2.0\n'
+            'vllm:num_requests_running{engine="0",model_name="llm"} 8.0\n')
+    assert engine_waiting(page) == 5.0  # both engines; not the by-reason series, not running
+    ps = [
+        phase("quiet solo", ([100.0] * 9, 90), None),
+        phase("noisy solo", None, 1000),
+        phase("mixed, fair on", ([140.0] * 9, 90), 900),
+        phase("mixed, fair off", ([900.0] * 9, 90), 1000),
+        phase("shares, fair on", ([1.0], 660), 340),
+        phase("shares, fair off", ([1.0], 500), 500),
+    ]
+    ps[2].engine_waiting = [1.0, 2.0, 3.0]
+    ps[3].engine_waiting = [20.0, 24.0]
+    text = report(args(duration=10), ps, 3.0, (1.0, 2.0), 60.0)
+    assert "| - / - | 2.0 / 3 | 0/0 |" in text and "| - / - | 22.0 / 24 | 0/0 |" in text
