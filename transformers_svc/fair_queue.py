@@ -232,7 +232,10 @@ class Room:
         return None
 
     def wanted(self) -> None:
-        """A miss waits for room: look again soon."""
+        """A new miss waits for room: look again soon."""
+
+    def waiting(self) -> None:
+        """Misses still wait for room (nothing new): keep looking."""
 
     def on_change(self, callback: Callable[[], None]) -> None:
         """`callback` runs whenever room may have appeared."""
@@ -337,7 +340,7 @@ class FairQueue:
                 if idle is not None and self._awaited(idle) and self.room.has_room(False):
                     self._futures[idle].set_result(self._admit(idle, self.clock()))
                     continue
-                self.room.wanted()
+                self.room.waiting()  # not wanted(): a read has just said no room, the next one is due
                 return
             self._futures[waiter].set_result(self._admit(waiter, self.clock()))
 

@@ -1,20 +1,25 @@
 """Whether the predictor has room for another miss, from the predictor's own metrics (issue 27
 item 5), as llm-d's gateway decides: vLLM's `vllm:num_requests_waiting` (requests its scheduler
 holds because the running batch is full) and `vllm:kv_cache_usage_perc` (a fraction, 0-1), read
-from the predictor's Prometheus endpoint every `poll_s` (and sooner, at most every `MIN_GAP_S`,
-when a miss waits for room); the reads pause while no miss comes (`IDLE_S`).
+from the predictor's Prometheus endpoint every `poll_s` while misses come (a new miss waiting for
+room asks for a read sooner, at most every `MIN_GAP_S`); the reads pause while no miss comes
+(`IDLE_S`). A read is not free: the whole page is ~56 kB, 13-20 ms of the predictor's own process
+while it generates on this CPU, so reads ask for the three series alone (`name[]`,
+semserve/serving/metrics_filter.py) and a queue of waiting misses does not make them back to back.
 
-Between two reads this transformer counts the misses it admitted since the last read and that
-have not ended (`pending`): they are not in the figures yet. The figures lag by an engine step or
-more (vLLM publishes them after each step: ~0.4 s with 8 requests on 2 CPU cores), so a miss can
-leave `pending` before the figures show it; this transformer's own misses in flight (admitted, not
-ended: exact, never stale) are therefore a floor under the figures. Without that floor each stale
-read let more misses through and the predictor's own queue grew without bound. The predictor's
-batch size (its max_num_seqs) is learned as the most requests seen running while others waited.
-Room: KV use at most `max_kv`, and the requests in the predictor (the larger of running + waiting +
-pending and this transformer's in flight) below that batch size + `max_waiting` (so at most about
-`max_waiting` misses wait in the predictor's own first-come-first-served queue; the rest wait here,
-in fair order). Several replicas read the same predictor, so its signal couples them.
+The figures lag by an engine step or more (vLLM publishes them after each step: ~0.4 s with 8
+requests on 2 CPU cores), so between reads this transformer corrects them with what it knows
+exactly: the misses it admitted since the last read and not ended (`pending`, not in the figures
+yet), those of its misses counted in the figures that ended since (`ended`: their places are free
+now), and, as a floor under the result, its own misses in flight (admitted, not ended). Without the
+floor a miss left `pending` before the lagging figures showed it, each stale read let another miss
+through, and the predictor's own queue grew without bound.
+
+The predictor's batch size (its max_num_seqs) is learned as the most requests seen running while
+others waited. Room: KV use at most `max_kv`, and the requests in the predictor below that batch
+size + `max_waiting` (so at most about `max_waiting` misses wait in the predictor's own
+first-come-first-served queue; the rest wait here, in fair order). Several replicas read the same
+predictor, so its signal couples them.
 
 The first misses wait for the first read (it starts with the first miss). The endpoint unreadable
 (wrong URL, predictor starting): one warning line, and every miss is admitted (fail open) until a
@@ -81,7 +86,7 @@ def parse_load(text: str) -> PredictorLoad | None:
 
 def has_room(
     load: PredictorLoad | None, pending: int, max_waiting: int, max_kv: float, capacity: float | None = None,
-    reserve: int = 0, in_flight: int = 0,
+    reserve: int = 0, in_flight: int = 0, ended: int = 0,
 ) -> bool:
     """Room for one more miss: no load known (fail open); else KV use at most `max_kv` and, with
     the predictor's batch size learned (`capacity`), running + waiting + pending below capacity +
@@ -89,17 +94,27 @@ def has_room(
     the larger of `max_waiting` and the requests running (a burst doubles what runs per read).
     With `reserve` (a miss of a tenant that has misses in flight, --fair-reserve), a learned batch
     is filled only to capacity - reserve: those places wait for a tenant with nothing in flight.
-    `in_flight`: this transformer's misses admitted and not ended, a floor under the (lagging) figures."""
+    `in_flight`: this transformer's misses admitted and not ended, a floor under the (lagging)
+    figures; `ended`: its misses counted by the last read that have ended since."""
     if load is None:
         return True
     if load.kv_usage > max_kv:
         return False
     if capacity is not None:
-        inside = max(load.running + load.waiting + pending, in_flight)
+        inside = max(load.running + load.waiting + pending - ended, in_flight)
         if reserve > 0:
             return inside < capacity - reserve
         return inside < capacity + max_waiting
-    return load.waiting + pending < max(max_waiting, load.running)
+    waiting = max(load.waiting + pending - ended, in_flight - load.running)
+    return waiting < max(max_waiting, load.running)
+
+
+def filtered(url: str) -> str:
+    """`url` asking for the three series alone (`name[]`, as Prometheus's exposition filters; a server
+    that ignores it sends its whole page, which parses the same). A URL with a query is kept as is."""
+    if "?" in url:
+        return url
+    return url + "?" + "&".join(f"name[]={name}" for name in (WAITING, RUNNING, KV_USAGE))
 
 
 def metrics_url_of(predictor_host: str) -> str:
@@ -117,7 +132,7 @@ class Saturation:
     """The fair queue's Room: the last read of the predictor's load and the misses since."""
 
     def __init__(self, url: str, poll_s: float, max_waiting: int, max_kv: float, reserve: int = 0) -> None:
-        self.url, self.poll_s, self.max_waiting, self.max_kv = url, poll_s, max_waiting, max_kv
+        self.url, self.poll_s, self.max_waiting, self.max_kv = filtered(url), poll_s, max_waiting, max_kv
         self.reserve = reserve
         self.load: PredictorLoad | None = None
         self.readable = True
@@ -126,6 +141,8 @@ class Saturation:
         self._pending: dict[int, float] = {}
         self._admissions = 0
         self._in_flight: set[int] = set()  # admitted, not ended (exact: no read involved)
+        self._ended = 0  # misses counted by the last read that ended since
+        self.reads = 0  # reads made (for tests)
         self._callbacks: list[Callable[[], None]] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -143,7 +160,7 @@ class Saturation:
             return False
         reserve = self.reserve if busy else 0
         return has_room(self.load, self.pending, self.max_waiting, self.max_kv, self.capacity, reserve,
-                        len(self._in_flight))
+                        len(self._in_flight), self._ended)
 
     @property
     def pending(self) -> int:
@@ -158,15 +175,21 @@ class Saturation:
         return self._admissions
 
     def released(self, token: object) -> None:
-        if isinstance(token, int):  # ended (before a read counted it or after): no longer pending
-            self._pending.pop(token, None)
+        if isinstance(token, int) and token in self._in_flight:
             self._in_flight.discard(token)
+            if self._pending.pop(token, None) is None:  # the last read counted it: its place is free
+                self._ended += 1
 
     def wanted(self) -> None:
+        """A new miss waits for room: a read soon (one that has just been made says no room)."""
+        self.waiting()
+        if self._wake is not None and time.monotonic() - self.last_read >= self.poll_s / 2:
+            self._wake.set()
+
+    def waiting(self) -> None:
+        """Misses still wait: reads go on at `poll_s`."""
         self._active = time.monotonic()
         self._start()
-        if self._wake is not None:
-            self._wake.set()
 
     def _wake_if_idle(self) -> None:
         # After a pause, the first miss goes by the last read; the next read is made now.
@@ -231,6 +254,8 @@ class Saturation:
                 self.capacity = max(self.capacity or 0.0, load.running)
         # Misses admitted SETTLE_S before this read started are in its figures (or finished).
         self._pending = {k: t for k, t in self._pending.items() if t > started - SETTLE_S}
+        self._ended = 0
+        self.reads += 1
         self.last_read = time.monotonic()
         for callback in self._callbacks:
             callback()

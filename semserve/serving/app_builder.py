@@ -15,6 +15,7 @@ from grpc import aio
 from semserve import logs, tracing
 from semserve.config import ServerSettings
 from semserve.openai_routes import OpenAIBackend, register_openai_routes, with_cors
+from semserve.serving.metrics_filter import with_metrics_filter
 from semserve.serving.server import SemserveModelServer
 from semserve.v2.generate_routes import register_generate_routes
 
@@ -62,6 +63,7 @@ def build_server(settings: ServerSettings, service: Service) -> SemserveModelSer
             service.extra_routes(app)
 
     def wrap(app: Asgi) -> Asgi:
+        app = with_metrics_filter(app)
         inner = service.inner_layer(app) if service.inner_layer is not None else app
         return with_cors(inner, settings.cors_origins)
 

@@ -118,3 +118,19 @@ async def test_grpc_deadline_aborts_the_engine_request(predictor: Predictor) -> 
     await client.close()
     after = await _wait_metric(predictor, ABORTED, lambda v: v > before, protocol="v2-grpc")
     assert after == before + 1
+
+
+async def test_metrics_filtered_by_name_as_prometheus_exposition_does(predictor: Predictor) -> None:
+    """Fair admission reads three of the predictor's gauges several times a second: `name[]` gives
+    those alone (semserve/serving/metrics_filter.py), the URL the transformer reads."""
+    from transformers_svc.saturation import filtered, parse_load
+
+    async with httpx.AsyncClient() as client:
+        whole = (await client.get(f"{predictor.http}/metrics")).text
+        resp = await client.get(filtered(f"{predictor.http}/metrics"))
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    names = {line.split("{", 1)[0].split(" ", 1)[0] for line in resp.text.splitlines()
+             if line and not line.startswith("#")}
+    assert names == {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"}
+    assert len(resp.text) * 20 < len(whole)  # the whole page is ~56 kB
+    assert parse_load(resp.text) is not None

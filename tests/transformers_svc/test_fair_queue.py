@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from semserve.errors import Overloaded, RateLimited
 from transformers_svc.fair_queue import FairQueue, Vtc, VtcWeights, refusal
-from transformers_svc.saturation import PredictorLoad, Saturation, has_room, metrics_url_of, parse_load
+from transformers_svc.saturation import (
+    PredictorLoad,
+    Saturation,
+    filtered,
+    has_room,
+    metrics_url_of,
+    parse_load,
+)
 
 
 def admit_order(vtc: Vtc, n: int, now: float = 0.0) -> list[str]:
@@ -215,6 +223,12 @@ def test_metrics_url_of(host: str, url: str) -> None:
     assert metrics_url_of(host) == url
 
 
+def test_reads_ask_for_the_three_series_alone() -> None:
+    assert filtered("http://p:8090/metrics") == ("http://p:8090/metrics?name[]=vllm:num_requests_waiting"
+                                                 "&name[]=vllm:num_requests_running&name[]=vllm:kv_cache_usage_perc")
+    assert filtered("http://p/metrics?x=1") == "http://p/metrics?x=1"  # the operator's own query stands
+
+
 # -- the asyncio wrapper over a real HTTP page ------------------------------------------------------------
 
 
@@ -330,6 +344,54 @@ def test_own_misses_in_flight_floor_the_figures(row: tuple) -> None:
     assert has_room(load, pending, 2, 0.95, capacity, reserve, in_flight) is want
 
 
+async def until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait for `cond` (a read of the page) without betting on how fast a busy machine reads."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+# (label, load, pending, in_flight, ended, room) with a batch of 8, max_waiting 2, no reserve
+ENDED_TABLE = [
+    ("full at the read, one of ours ended since: its place", PredictorLoad(2, 0.1, 8), 0, 9, 1, True),
+    ("and one admitted since: full again", PredictorLoad(2, 0.1, 8), 1, 9, 1, False),
+    ("unlearned batch: ours beyond what runs count as waiting", PredictorLoad(0, 0.1, 2), 0, 4, 0, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", ENDED_TABLE, ids=[r[0] for r in ENDED_TABLE])
+def test_misses_ended_since_the_read_free_their_places(row: tuple) -> None:
+    _, load, pending, in_flight, ended, want = row
+    if want is None:  # batch size not learned: room while waiting < max(max_waiting, running) = 2
+        assert has_room(load, pending, 2, 0.95, None, 0, in_flight, ended) is False
+        assert has_room(load, pending, 2, 0.95, None, 0, 3, ended) is True
+        return
+    assert has_room(load, pending, 2, 0.95, 8, 0, in_flight, ended) is want
+
+
+def test_waiting_misses_do_not_make_reads_back_to_back(page: Page) -> None:
+    """A read costs the predictor 13-20 ms of its own process while it generates: while misses wait
+    for room, reads come at poll_s, not one right after another."""
+
+    async def scenario() -> None:
+        room = Saturation(page.url, poll_s=0.1, max_waiting=0, max_kv=0.95)
+        queue = FairQueue("llm", room, max_wait_s=1e9)
+        page.load(running=4, waiting=1)  # full, and stays full
+        waiting = [asyncio.create_task(queue.acquire("noisy", 1.0, 100)) for _ in range(3)]
+        await until(lambda: room.reads >= 1)
+        reads, started = room.reads, time.monotonic()
+        await asyncio.sleep(1.0)
+        per_s = (room.reads - reads) / (time.monotonic() - started)
+        assert 3 <= per_s <= 12, per_s  # ~10 at poll_s 0.1 (back to back: ~50)
+        assert not any(t.done() for t in waiting)
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
 def test_stale_figures_do_not_let_misses_through_read_after_read(page: Page) -> None:
     """The predictor's figures lag (vLLM publishes them after each engine step, ~0.4 s on this CPU):
     reads that keep saying "8 running, 1 waiting" admit one miss, not one per read."""
@@ -339,17 +401,18 @@ def test_stale_figures_do_not_let_misses_through_read_after_read(page: Page) -> 
         queue = FairQueue("llm", room, max_wait_s=1e9)
         page.load(running=8, waiting=9)  # the batch of 8 is learned
         room.wanted()
-        await asyncio.sleep(0.15)
-        assert room.capacity == 8
+        await until(lambda: room.capacity == 8)
         page.load(running=0, waiting=0)
-        await asyncio.sleep(0.1)
+        await until(lambda: room.load is not None and room.load.running == 0)
         slots = [await asyncio.wait_for(queue.acquire("noisy", 1.0, 100), 1) for _ in range(9)]
         page.load(running=8, waiting=1)  # frozen from here on: the figures never show the next ones
         more = [asyncio.create_task(queue.acquire("noisy", 1.0, 100)) for _ in range(5)]
-        await asyncio.sleep(0.5)  # ~25 reads, each past SETTLE_S of the last admission
+        reads = room.reads
+        await until(lambda: room.reads >= reads + 10)  # each past SETTLE_S of the last admission
         assert sum(t.done() for t in more) == 1  # 9 + 1 = capacity + max_waiting
         slots[0].release(1, 1)  # one of ours ended: one more, still not one per read
-        await asyncio.sleep(0.3)
+        reads = room.reads
+        await until(lambda: room.reads >= reads + 10)
         assert sum(t.done() for t in more) == 2
         for task in more:
             task.cancel()
@@ -370,13 +433,14 @@ def test_a_slot_dropped_unreleased_gives_its_place_back(page: Page) -> None:
         queue = FairQueue("llm", room, max_wait_s=1e9)
         page.load(running=2, waiting=1)  # a batch of 2, learned
         room.wanted()
-        await asyncio.sleep(0.15)
+        await until(lambda: room.capacity == 2)
         page.load(running=0, waiting=0)
-        await asyncio.sleep(0.1)
+        await until(lambda: room.load is not None and room.load.running == 0)
         kept = await asyncio.wait_for(queue.acquire("a", 1.0, 10), 1)
         dropped = await asyncio.wait_for(queue.acquire("b", 1.0, 10), 1)
         third = asyncio.create_task(queue.acquire("c", 1.0, 10))
-        await asyncio.sleep(0.2)
+        reads = room.reads
+        await until(lambda: room.reads >= reads + 3)
         assert not third.done()  # two in flight of a batch of 2
         del dropped
         gc.collect()
