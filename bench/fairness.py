@@ -59,8 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transformer-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for the fair transformer (repeatable), "
                    "e.g. --transformer-arg=--fair-max-waiting=4")
-    p.add_argument("--reserve", type=int, default=0,
-                   help="also a mixed phase through a third transformer with --fair-reserve N (0: none)")
+    p.add_argument("--reserve", type=int, default=None,
+                   help="also a mixed phase through a third transformer with --fair-reserve N (the fair one "
+                   "has the transformer's default, 1), e.g. 0 to see the quiet tenant without a reserved place")
     p.add_argument("--vllm-priority", action="store_true",
                    help="then vLLM's own server with --scheduling-policy priority: the mixed load straight "
                    "to it, one priority for both tenants and quiet's first (issue 27: does it help?)")
@@ -356,7 +357,8 @@ def report(args: argparse.Namespace, ps: list[Phase], minutes: float, loads: tup
     extra = " ".join(f"--transformer-arg={a}" for a in args.transformer_arg)
     cmd = (f"flock /tmp/semserve-heavy.lock .venv/bin/semserve bench fairness --duration {d:g} "
            f"--max-num-seqs {args.max_num_seqs} --quiet-tokens {args.quiet_tokens} --noisy-tokens "
-           f"{args.noisy_tokens} --noisy-concurrency {args.noisy_concurrency} --reserve {args.reserve} "
+           f"{args.noisy_tokens} --noisy-concurrency {args.noisy_concurrency} "
+           f"{'' if args.reserve is None else f'--reserve {args.reserve} '}"
            f"{'--vllm-priority ' if args.vllm_priority else ''}"
            f"{extra}").strip()
     return (
@@ -407,7 +409,7 @@ def main(args: argparse.Namespace) -> int:
         predictor_start_s = predictor.start().wait_ready()
         bases = []
         variants = [("fair", list(args.transformer_arg)), ("plain", ["--no-fair-admission"])]
-        if args.reserve:
+        if args.reserve is not None:
             variants.append(("reserve", [*args.transformer_arg, f"--fair-reserve={args.reserve}"]))
         for name, extra in variants:
             http, grpc = _free_port(), _free_port()
@@ -423,7 +425,7 @@ def main(args: argparse.Namespace) -> int:
         for proc in transformers:
             proc.wait_ready(300)
         print(f"==> phases, {args.duration:g} s each", flush=True)
-        reserve = bases[2] if args.reserve else None
+        reserve = bases[2] if args.reserve is not None else None
         ps = asyncio.run(phases(args, bases[0], bases[1], reserve, f"http://127.0.0.1:{p_http}", keys))
     finally:
         for proc in transformers:

@@ -135,10 +135,11 @@ class TransformerSettings(ServerSettings):
         0.95, "The predictor has room while its KV cache use (0-1) is at most this."
     )
     fair_reserve: int = setting(
-        0,
+        1,
         "Places of the predictor's batch (once its size is learned) kept for tenants with no miss in "
         "flight: a tenant with misses in flight fills the batch only to its size minus this, so a "
-        "quiet tenant's miss starts at once instead of waiting for a place to free (0: none).",
+        "quiet tenant's miss starts at once instead of waiting for a place to free: vLLM preempts "
+        "nothing for a full batch (0: none).",
     )
     fair_max_wait_s: float = setting(
         60.0,
