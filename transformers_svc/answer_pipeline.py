@@ -15,7 +15,7 @@ Read-your-writes: a generation's last piece reaches its listeners only after the
 and the lease released (Broadcast's `on_complete`), so no response (nor a stream's final chunk)
 ends before a request through any replica can read the answer.
 
-Speculation (streamed and unary requests, --speculate): when the exact lookup misses and the predictor is
+Speculation (streamed requests, --speculate): when the exact lookup misses and the predictor is
 warm (it answered within --speculate-warm-window-s, so a hit never wakes one at zero), the key's
 generation starts at once, while the embedding, KNN and verifier run. A miss listens to it (the
 stream a miss would have started, only earlier); a semantic hit abandons it: it is cancelled (the
@@ -263,8 +263,7 @@ class AnswerPipeline:
         if self.cache is None or not mode.used:
             metrics.LOOKUPS.labels(self.model, "bypass").inc()
             return AnswerStream("bypass", None, await self._metered(request, streamed))
-        # Unary misses speculate too: their answer is the stream's pieces gathered (as a follower's is).
-        speculation = self._speculation(request, key, mode)
+        speculation = self._speculation(request, key, mode) if streamed else None
         try:
             res = await self.lookup(key, mode, speculation.start if speculation is not None else None)
         except BaseException:
@@ -306,7 +305,7 @@ class AnswerPipeline:
         return AnswerStream("shared" if by_peer else status, similarity, pieces)
 
     def _speculation(self, request: AnswerRequest, key: CacheRequest, mode: CacheMode) -> _Speculation | None:
-        """A speculation for this request, to start on an exact miss; None when it may not
+        """A speculation for this streamed request, to start on an exact miss; None when it may not
         speculate (off, no cache read, nothing to share, or a predictor not known to be warm)."""
         if not self.settings.speculate or self.cache is None or not mode.read:
             return None

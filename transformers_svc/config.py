@@ -71,14 +71,14 @@ class TransformerSettings(ServerSettings):
     request_log_backups: int = setting(5, "Rotated request log files kept (PATH.1 ... PATH.N).")
     speculate: bool = setting(
         True,
-        "Speculation for misses, streamed or not: when the exact lookup misses, start the predictor "
-        "stream at once, while the embedding, KNN and verifier run; a semantic hit cancels it (the "
-        "predictor aborts; never stored), a miss is answered from it. Only while the predictor is warm (see "
+        "Speculation for streamed misses: when the exact lookup misses, start the predictor stream at "
+        "once, while the embedding, KNN and verifier run; a semantic hit cancels it (the predictor "
+        "aborts; never stored), a miss streams it. Only while the predictor is warm (see "
         "--speculate-warm-window-s), so a hit never wakes a predictor at zero. --no-speculate turns it off.",
     )
     speculate_warm_window_s: float = setting(
         30.0,
-        "The predictor counts as warm, and misses speculate, for this long after it last "
+        "The predictor counts as warm, and streamed misses speculate, for this long after it last "
         "answered this transformer (any successful call); shorter than the predictor's "
         "scale-to-zero idle time.",
     )
