@@ -60,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra argument for the fair transformer (repeatable), "
                    "e.g. --transformer-arg=--fair-max-waiting=4")
     p.add_argument("--reserve", type=int, default=None,
-                   help="also a mixed phase through a third transformer with --fair-reserve N (the fair one "
-                   "has the transformer's default, 1), e.g. 0 to see the quiet tenant without a reserved place")
+                   help="also a mixed phase through a third transformer with --fair-reserve N (the fair "
+                   "one has the transformer's default, 1), e.g. 0: the quiet tenant without a reserved place")
     p.add_argument("--vllm-priority", action="store_true",
                    help="then vLLM's own server with --scheduling-policy priority: the mixed load straight "
                    "to it, one priority for both tenants and quiet's first (issue 27: does it help?)")
