@@ -36,8 +36,9 @@ def phase(name: str, quiet: tuple[list[float], int] | None, noisy_chunks: int | 
     return Phase(name, tenants, 10.0)
 
 
-def test_report_ratios_and_goals() -> None:
-    ps = [
+def base_phases() -> list[Phase]:
+    """quiet solo 100 ms; fair on 1.4x its TTFT, 0.9x noisy's throughput, 0.66 of the tokens."""
+    return [
         phase("quiet solo", ([100.0] * 9, 90), None),
         phase("noisy solo", None, 1000),
         phase("mixed, fair on", ([140.0] * 9, 90), 900),
@@ -45,6 +46,10 @@ def test_report_ratios_and_goals() -> None:
         phase("shares, fair on", ([1.0], 660), 340),
         phase("shares, fair off", ([1.0], 500), 500),
     ]
+
+
+def test_report_ratios_and_goals() -> None:
+    ps = base_phases()
     text = report(args(duration=10), ps, 3.0, (1.0, 2.0), 60.0)
     assert "| mixed, fair on | 140 | 140 | 1.40 | 1.40 | 90.0 | 0.90 | - |" in text
     assert "| shares, fair on | - | - | - | - | 34.0 | 0.34 | 0.660 |" in text
@@ -58,12 +63,7 @@ def test_report_ratios_and_goals() -> None:
 
 def test_vllm_priority_rows_read_against_their_own_solo() -> None:
     ps = [
-        phase("quiet solo", ([100.0] * 9, 90), None),
-        phase("noisy solo", None, 1000),
-        phase("mixed, fair on", ([140.0] * 9, 90), 900),
-        phase("mixed, fair off", ([900.0] * 9, 90), 1000),
-        phase("shares, fair on", ([1.0], 660), 340),
-        phase("shares, fair off", ([1.0], 500), 500),
+        *base_phases(),
         phase("vLLM priority: quiet solo", ([200.0] * 9, 90), None),
         phase("vLLM priority: mixed, same", ([1000.0] * 9, 90), 1000),
         phase("vLLM priority: mixed, quiet first", ([500.0] * 9, 90), 800),
@@ -83,14 +83,7 @@ def test_the_predictors_own_queue_is_read_from_its_metrics_and_reported() -> Non
             'vllm:num_requests_waiting{engine="1",model_name="llm"} 2.0\n'
             'vllm:num_requests_running{engine="0",model_name="llm"} 8.0\n')
     assert engine_waiting(page) == 5.0  # both engines; not the by-reason series, not running
-    ps = [
-        phase("quiet solo", ([100.0] * 9, 90), None),
-        phase("noisy solo", None, 1000),
-        phase("mixed, fair on", ([140.0] * 9, 90), 900),
-        phase("mixed, fair off", ([900.0] * 9, 90), 1000),
-        phase("shares, fair on", ([1.0], 660), 340),
-        phase("shares, fair off", ([1.0], 500), 500),
-    ]
+    ps = base_phases()
     ps[2].engine_waiting = [1.0, 2.0, 3.0]
     ps[3].engine_waiting = [20.0, 24.0]
     text = report(args(duration=10), ps, 3.0, (1.0, 2.0), 60.0)
