@@ -197,7 +197,7 @@ def test_tokens_reserved_before_the_predictor_settled_to_usage_hits_free(replica
     error = refused.json()["error"]
     assert error["code"] == "rate_limit_exceeded" and "tokens_per_minute" in error["message"]
     assert "'tok'" in error["message"]
-    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert int(refused.headers["retry-after"]) in range(1, 61)
     # Settled to the real usage (not to the reservation): what is left is the limit less the first
     # generation's tokens, plus the refill (1 token a second) since it was admitted.
     left = int(refused.headers["x-ratelimit-remaining-tokens"])
@@ -246,7 +246,7 @@ def test_the_default_entry_refuses_on_every_protocol(replicas: Replicas) -> None
     assert rest.status_code == 429
     text = rest.json()["error"]
     assert text.startswith("tenant 'anon' is over its requests_per_minute limit (3 requests per minute)")
-    assert 1 <= int(rest.headers["retry-after"]) <= 20
+    assert int(rest.headers["retry-after"]) in range(1, 21)
 
     # OpenAI: chat and completions, streamed or not: a 429 JSON with the headers, never a stream.
     for route in ("chat/completions", "completions"):
