@@ -45,8 +45,18 @@ class PredictorSettings(ServerSettings):
         True,
         "Run vLLM's model worker inside its engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0) "
         "instead of a process of its own: one process fewer that imports vLLM and torch again at "
-        "start. The engine core stays a process of its own (AsyncLLM always starts one). On 2 CPU "
-        "cores: ready 22 s sooner, same text, tokens/s not lower (bench/RESULTS.md, issue 28).",
+        "start, where the engine core is a process of its own (on GPU, or with "
+        "--no-engine-in-process). On 2 CPU cores: ready 22 s sooner, same text, tokens/s not lower "
+        "(bench/RESULTS.md, issue 28).",
+    )
+    engine_in_process: bool = setting(
+        True,
+        "CPU only: run vLLM's engine core in this process (LLMEngine driven by one thread, "
+        "predictors/inproc_engine.py) instead of a process of its own that imports vLLM and torch "
+        "again: on 2 CPU cores a warm start took 28 s instead of 40 s, with the same text and "
+        "1.28x the tokens/s of vLLM's own server (bench/RESULTS.md, issue 28). On GPU the engine "
+        "core keeps its own process (AsyncLLM), so that scheduling overlaps the GPU's work and the "
+        "sleep tier works.",
     )
     kv_cache_gib: float = setting(
         0.0,

@@ -25,6 +25,7 @@ from typing import Any
 
 from predictors import metrics, warm_start
 from predictors.config import PredictorSettings
+from predictors.inproc_engine import InprocLLM
 from predictors.sleep import SleepControl
 from semserve import tracing
 from semserve.answer import Answer, Piece, answer_of
@@ -44,7 +45,8 @@ _THREAD_TOKENIZE_CHARS = 8192
 
 
 class EngineDied(RuntimeError):
-    """The vLLM engine process is gone; nothing this process does brings it back."""
+    """The vLLM engine (its process, or its thread in this one) is gone; nothing this process does
+    brings it back."""
 
 
 @dataclass(frozen=True)
@@ -99,17 +101,25 @@ class Engine:
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         # Before vLLM is imported: its settings and the engine process read these variables.
         caches = warm_start.use_cache_dirs()
-        # Read by vLLM when it builds the engine (CPU: a "uni" executor in place of "mp").
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.settings.inline_worker else "1"
+        gpu = self.on_gpu = _on_gpu()
+        in_process = self.settings.engine_in_process and not gpu
+        # Read by vLLM when it builds the engine: "0" runs LLMEngine's core in this process, and
+        # AsyncLLM's engine-core process with a "uni" executor in place of "mp" (CPU).
+        inline = in_process or self.settings.inline_worker
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if inline else "1"
         log.info("engine_compile_cache", warm=caches.warm, files=caches.files_before, **caches.log_fields())
         phases: dict[str, float] = {}
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
 
+        if in_process:
+            build: Any = InprocLLM.from_engine_args
+        else:
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            build = AsyncLLM.from_engine_args
         phases["import_s"] = time.monotonic() - started
 
-        gpu = self.on_gpu = _on_gpu()
         util = self.settings.gpu_memory_utilization or (0.90 if gpu else 0.25)
         kv_gib = self.settings.kv_cache_gib or (0.0 if gpu else CPU_KV_CACHE_GIB)
         args = AsyncEngineArgs(
@@ -129,15 +139,27 @@ class Engine:
         )
         log.info(
             "engine_starting", model=str(self.model_dir), gpu=gpu, memory_utilization=util,
-            inline_worker=self.settings.inline_worker, kv_cache_gib=kv_gib,
+            engine_in_process=in_process, inline_worker=inline, kv_cache_gib=kv_gib,
         )
         t = time.monotonic()
-        self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model_dir))
-        phases["tokenizer_s"] = time.monotonic() - t
-        t = time.monotonic()
-        # Weights, compilation (or its cache), KV cache and warm-up: vLLM's own log lines split it.
-        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        # Our own tokenizer, loaded beside the engine (not the engine's: with the engine core in
+        # this process, its thread detokenizes with that one, and HF tokenizers are not for two
+        # threads at once).
+        def load_tokenizer() -> Any:
+            t0 = time.monotonic()
+            try:
+                return AutoTokenizer.from_pretrained(str(self.model_dir))
+            finally:
+                phases["tokenizer_s"] = time.monotonic() - t0  # within engine_s, not after it
+
+        tokenizer = asyncio.ensure_future(asyncio.to_thread(load_tokenizer))
+        try:
+            # Weights, compilation (or its cache), KV cache and warm-up: vLLM's own log lines split it.
+            llm = await asyncio.to_thread(build, args)
+        finally:
+            self.tokenizer = await tokenizer
         phases["engine_s"] = time.monotonic() - t
+        self.llm = llm
         self.max_model_len = self.llm.vllm_config.model_config.max_model_len
         self.started_at = time.time()
         if self.settings.sleep_enabled:

@@ -110,10 +110,12 @@ def test_predictor_logs_its_caches_and_start_phases(predictor: Predictor) -> Non
     [*_, ready] = log_events(log, "engine_ready")
     phases = {p: ready[p] for p in ("import_s", "tokenizer_s", "engine_s")}
     assert all(isinstance(v, float) and v >= 0 for v in phases.values()), ready
-    # Importing vLLM and building its engine take real time; the phases are parts of the whole
+    # Importing vLLM and building its engine take real time, one after the other: parts of the whole
     # start (`seconds`, rounded to 0.1 s; each phase to 0.01 s).
     assert phases["import_s"] > 0 and phases["engine_s"] > 0, ready
-    assert sum(phases.values()) <= ready["seconds"] + 0.08, ready
+    assert phases["import_s"] + phases["engine_s"] <= ready["seconds"] + 0.08, ready
+    # The tokenizer loads beside the engine, within engine_s.
+    assert phases["tokenizer_s"] <= phases["engine_s"], ready
     # Whatever this start found, the caches hold files for the next one.
     dirs = [Path(last[var]) for var in ("vllm_cache_root", "torchinductor_cache_dir")]
     assert any(p.is_file() for d in dirs for p in d.rglob("*")), dirs

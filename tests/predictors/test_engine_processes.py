@@ -1,7 +1,9 @@
-"""The processes a predictor's engine runs in (predictors/config.py `inline_worker`): vLLM's engine
-core always has a process of its own; the model worker has one too unless `--inline-worker` puts it
-inside the engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0, one process fewer to start). Checked on
-the suite's predictor, whatever its setting says in its log."""
+"""The processes a predictor's engine runs in (predictors/config.py `engine_in_process`,
+`inline_worker`). On CPU, by default, vLLM's engine core runs in the predictor's own process (no
+child process at all). Otherwise (on GPU, or `--no-engine-in-process`) the engine core has a process
+of its own, and the model worker has one too unless `--inline-worker` puts it inside the engine core.
+Checked on the suite's predictor, whatever its settings say in its log; the other mode's processes
+are checked by tests/semserve/test_up_lifecycle.py's killed-predictor test."""
 
 from __future__ import annotations
 
@@ -33,15 +35,30 @@ def _predictor_pid(predictor: Predictor) -> int:
     return pid
 
 
-def test_engine_processes_follow_the_inline_worker_setting(predictor: Predictor) -> None:
+def test_engine_processes_follow_the_settings(predictor: Predictor) -> None:
     starting = _engine_starting(predictor)
+    assert isinstance(starting.get("engine_in_process"), bool), starting
     assert isinstance(starting.get("inline_worker"), bool), starting
     children = psutil.Process(_predictor_pid(predictor)).children(recursive=True)
     titles = [" ".join(p.cmdline()) for p in children]
     cores = [t for t in titles if t.startswith("VLLM::EngineCore")]
     workers = [t for t in titles if t.startswith("VLLM::Worker")]
+    if starting["engine_in_process"]:
+        assert not cores and not workers, titles
+        return
     assert len(cores) == 1, titles
     assert len(workers) == (0 if starting["inline_worker"] else 1), titles
+
+
+def test_the_engine_runs_in_the_predictors_process_on_cpu_by_default(predictor: Predictor) -> None:
+    """The suite runs on CPU with the defaults (or an environment that says otherwise)."""
+    import os
+
+    starting = _engine_starting(predictor)
+    if os.environ.get("SEMSERVE_PREDICTOR_ENGINE_IN_PROCESS", "1").lower() in ("0", "false"):
+        assert starting["engine_in_process"] is False, starting
+    else:
+        assert starting["gpu"] is False and starting["engine_in_process"] is True, starting
 
 
 def test_a_negative_kv_cache_size_is_refused_before_the_engine_loads() -> None:

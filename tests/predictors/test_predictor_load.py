@@ -85,6 +85,9 @@ async def test_disconnect_mid_stream_aborts_the_engine_request(predictor: Predic
     after = await _wait_metric(predictor, ABORTED, lambda v: v > before, protocol="openai")
     assert after == before + 1
     assert await _wait_metric(predictor, IN_FLIGHT, lambda v: v == 0) == 0
+    # The engine let go of it too, and vLLM's own gauge (what fair admission reads) says so: with
+    # the engine core in this process, a batch emptied by an abort records no step of its own.
+    assert await _wait_metric(predictor, "vllm:num_requests_running", lambda v: v == 0) == 0
 
 
 async def test_disconnect_on_non_streaming_request_aborts(predictor: Predictor) -> None:

@@ -1,5 +1,6 @@
 """Real process kills under load: Redis SIGKILLed and restarted (with its AOF, then empty), and the
-predictor's engine SIGKILLed (the predictor answers errors), then the whole predictor SIGKILLed and
+predictor's engine SIGKILLed where it has a process of its own (the predictor answers errors),
+then the whole predictor SIGKILLed and
 started again on the same ports (meanwhile a transformer that holds misses, --predictor-hold-s, is
 asked: tests/transformers_svc/test_waking.py).
 
@@ -181,17 +182,19 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
             await asyncio.sleep(12)
             proc = predictor.process.proc
             assert proc is not None
-            # 1. The engine dies (vLLM's EngineCore process SIGKILLed) and the predictor process
-            #    stays: it answers errors, which the transformer turns into its documented 503.
+            # 1. With the engine core in a process of its own (GPU, --no-engine-in-process), the
+            #    engine dies (that process SIGKILLed) and the predictor process stays: it answers
+            #    errors, which the transformer turns into its documented 503. On CPU by default
+            #    the engine runs in the predictor's process: its death is step 2's.
             engine = [c for c in psutil.Process(proc.pid).children(recursive=True)]
-            assert engine, "the predictor has no engine process"
-            for child in engine:
-                child.kill()
-            log_line(f"predictor engine SIGKILLed ({len(engine)} processes)", t0)
-            probes["engine_dead"] = await asyncio.to_thread(probe_down, t, stored)
-            # The predictor does not linger with a dead engine: it exits (its pod restarts).
-            probes["exit_code"] = await asyncio.to_thread(wait_exit, proc, 60)
-            log_line(f"predictor exited {probes['exit_code']}", t0)
+            if engine:
+                for child in engine:
+                    child.kill()
+                log_line(f"predictor engine SIGKILLed ({len(engine)} processes)", t0)
+                probes["engine_dead"] = await asyncio.to_thread(probe_down, t, stored)
+                # The predictor does not linger with a dead engine: it exits (its pod restarts).
+                probes["exit_code"] = await asyncio.to_thread(wait_exit, proc, 60)
+                log_line(f"predictor exited {probes['exit_code']}", t0)
             # 2. Whatever is left of the predictor is SIGKILLed; it is down altogether.
             kill_group(proc)
             # Requests to the holding transformer arrive now, before the predictor is started again.
@@ -220,7 +223,7 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
         assert set(report.errors) <= ALLOWED_WHILE_DOWN, report.error_samples
         assert not report.verdict.failures, report.verdict.samples
         assert max_latency_ms(report) < LATENCY_BOUND_MS
-        for phase in ("engine_dead", "process_dead"):
+        for phase in [p for p in ("engine_dead", "process_dead") if p in probes]:
             hit, miss = probes[phase]
             assert hit == (200, "exact"), (phase, hit)  # hits served with the predictor down
             status, elapsed, text = miss
@@ -228,7 +231,9 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
             # The predictor itself said UNAVAILABLE (or could not be reached), never INTERNAL.
             assert "INTERNAL" not in text, (phase, miss)
             assert elapsed < LATENCY_BOUND_MS / 1000, (phase, miss)
-        assert probes["exit_code"] is not None and probes["exit_code"] != 0, probes
+        assert "process_dead" in probes, probes
+        if "engine_dead" in probes:
+            assert probes["exit_code"] is not None and probes["exit_code"] != 0, probes
         check_waking(probes["waking"], probes["down_since"])
         assert probes["recovered"] == "miss"
         assert probes["restart_compile_cache"]["warm"] is True, probes["restart_compile_cache"]
