@@ -54,17 +54,19 @@ class Hardware:
 
 def cpu_measured() -> Hardware:
     engine = load_profile("coldstart-cpu")
-    # bench/RESULTS.md phases of the warm start (65.8 s, 63.2-68.4): import of vLLM 10.4 s and the
-    # engine-core and worker processes ~25 s (model_load), cached graphs, KV cache and warm-up ~26 s
-    # (warmup, up to 31 s so the sum spans the measured range), after 1-3 s of scheduling.
-    startup = StartupModel(schedule_s=(1.0, 3.0), model_load_s=(35.4, 35.4), warmup_s=(26.0, 31.0))
+    # bench/RESULTS.md phases of the warm start with the engine core in the predictor's process
+    # (2026-12-05: 28.4 s, 25.0-31.8): server and vLLM imports ~8 s and the engine's config,
+    # worker and weights ~5 s (model_load), cached graphs, KV cache and warm-up ~15 s (warmup,
+    # 12.0-15.8 s so the sum spans the measured range), after 1-3 s of scheduling.
+    startup = StartupModel(schedule_s=(1.0, 3.0), model_load_s=(13.0, 13.0), warmup_s=(12.0, 15.8))
     return Hardware(
         "cpu (measured)",
         replace(engine, startup=startup),
         None,
-        "bench/RESULTS.md (2026-12-03, 2-core CPU, SmolLM2-135M): predictor warm start 65.8 s = import "
-        "10.4 s + engine-core/workers ~25 s + graphs/KV/warm-up ~26 s; throughput and TTFT "
-        "serverless/profiles/coldstart-cpu.json; no sleep mode (vLLM's CPU backend has none)",
+        "bench/RESULTS.md (2026-12-05, 2-core CPU, SmolLM2-135M): predictor warm start 28.4 s = "
+        "imports ~8 s + engine config/worker/weights ~5 s + graphs/KV/warm-up ~15 s (engine core in "
+        "the predictor's process); throughput and TTFT serverless/profiles/coldstart-cpu.json; no "
+        "sleep mode (vLLM's CPU backend has none)",
     )
 
 
