@@ -8,9 +8,10 @@ it also gets, after its first answer:
 - `semserve bench predictor`'s load at small settings (streamed chat, ignore_eos, fixed length):
   tokens/s, compared with vLLM's own server's in the same round.
 
-The phases come from our `engine_ready` line and from vLLM's own log lines (VLLM_CONFIGURE_LOGGING=1
-for both servers): when each vLLM process logged first, weight loading, compiled-graph loading,
-the engine core's "init engine (profile, create kv cache, warmup model)".
+The phases come from our `engine_ready` line and from vLLM's own log lines: when each vLLM process
+logged first (vLLM's own server, VLLM_CONFIGURE_LOGGING=1), weight loading, compiled-graph loading,
+the engine core's "init engine (profile, create kv cache, warmup model)" (our predictor logs these
+lines as its own, in JSON, as it does in production: the variable is part of vLLM's AOT cache key).
 """
 
 from __future__ import annotations
@@ -122,7 +123,12 @@ class Levers:
             cmd, ready, first = self.bench._predictor_cmd(http, grpc)
             cmd += extra
             base = first.rsplit("/completions", 1)[0]
-        env = {**cs._cache_env(root), "VLLM_CONFIGURE_LOGGING": "1"}
+        env = cs._cache_env(root)
+        if extra is None:
+            # vLLM's own log format, for its processes' first lines (`at.vllm.*`). Not for ours:
+            # our predictor logs vLLM's lines as its own, and vLLM keys its AOT compile cache by
+            # its environment, this variable included, so the start must see what a warm-up saw.
+            env["VLLM_CONFIGURE_LOGGING"] = "1"
         log = cs.LOG_DIR / f"lever-{name}-{rnd}.log"
         run, started = cs._measure(name, "warm", cmd, ready, lambda: cs._first_token(first, "llm"),
                                    log, env=env, keep=True)

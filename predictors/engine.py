@@ -107,7 +107,11 @@ class Engine:
         # AsyncLLM's engine-core process with a "uni" executor in place of "mp" (CPU).
         inline = in_process or self.settings.inline_worker
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if inline else "1"
-        log.info("engine_compile_cache", warm=caches.warm, files=caches.files_before, **caches.log_fields())
+        aot_cache = warm_start.use_aot_cache(in_process and self.settings.aot_compile_cache)
+        log.info(
+            "engine_compile_cache", warm=caches.warm, files=caches.files_before, aot=aot_cache,
+            **caches.log_fields(),
+        )
         phases: dict[str, float] = {}
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs

