@@ -55,9 +55,8 @@ class PredictorSettings(ServerSettings):
         "predictors/inproc_engine.py) instead of a process of its own that imports vLLM and torch "
         "again: on 2 CPU cores a warm start took 28 s instead of 40 s (without --aot-compile-cache), "
         "with the same text and 1.28x the tokens/s of vLLM's own server (bench/RESULTS.md, issue "
-        "28). On GPU the engine "
-        "core keeps its own process (AsyncLLM), so that scheduling overlaps the GPU's work and the "
-        "sleep tier works.",
+        "28). On GPU the engine core keeps its own process (AsyncLLM), so that scheduling overlaps "
+        "the GPU's work and the sleep tier works.",
     )
     aot_compile_cache: bool = setting(
         True,

