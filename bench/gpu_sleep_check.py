@@ -49,8 +49,9 @@ def _metric(text: str, name: str) -> float | None:
 
 
 class Check:
-    def __init__(self) -> None:
+    def __init__(self, log: Path) -> None:
         self.rows: list[tuple[str, str]] = []
+        self.log = log
 
     def record(self, what: str, value: object) -> None:
         self.rows.append((what, str(value)))
@@ -58,7 +59,8 @@ class Check:
 
     def require(self, ok: bool, what: str) -> None:
         if not ok:
-            print(f"FAILED: {what}", flush=True)
+            print(f"FAILED: {what}; the predictor's log ends:", flush=True)
+            print(self.log.read_text(errors="replace")[-4000:], flush=True)
             raise SystemExit(1)
 
 
@@ -70,7 +72,7 @@ def run(model: str, idle_s: float, output: Path | None) -> int:
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    check = Check()
+    check = Check(log)
     try:
         with httpx.Client(base_url=base, timeout=120) as http:
             started = time.monotonic()

@@ -1,0 +1,300 @@
+"""The Python packages bench/gpu-check.sh needs, carried to a lent GPU machine in parts.
+
+That machine reaches no package registry, and one device call carries at most 64 MiB with the
+working tree. Its image has torch 2.11.0+cu130 but no vLLM or KServe (../.library/device/KINDS.md).
+So the kit is built here and sent over a few calls:
+
+    python -m bench.gpu_kit build             # here: wheels of bench/gpu-kit.txt -> .gpukit/parts/NN
+    python3 -m bench.gpu_kit receive          # there, once per call: keep the parts that came
+    python3 -m bench.gpu_kit install          # there, once all came: unpack to /tmp/semserve-kit/site
+
+`build` installs the pinned wheels (cp312, manylinux x86_64, no dependencies) into one site folder,
+drops what a Hopper GPU never loads, and cuts one xz archive of it into numbered parts with their
+SHA-256 in .gpukit/MANIFEST.json. `build` prints the device calls to make. The device side needs the
+standard library only; bench/gpu-check.sh puts the unpacked site first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PINS = ROOT / "bench" / "gpu-kit.txt"
+KIT = ROOT / ".gpukit"
+DEVICE = Path("/tmp/semserve-kit")
+# A device call carries 64 MiB with the working tree (~8 MiB now): parts leave room for both.
+PART_MIB = 48
+# The lent machines' Python (KINDS.md: 3.12.3) and every manylinux tag pip may need to match.
+PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
+             "manylinux_2_26_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux_2_12_x86_64", "manylinux_2_5_x86_64",
+             "manylinux1_x86_64")  # fmt: skip
+# Never loaded on an H100/H200: FlashAttention 2 (vLLM picks FA3 on compute capability 9.x and
+# imports FA2 inside try) and DeepGEMM's builds for other Python versions. 180 MiB unpacked.
+PRUNE = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so",
+         "**/__pycache__")  # fmt: skip
+
+
+class KitError(Exception):
+    """A kit that cannot be built or unpacked; the text says which part or step."""
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    pins_sha256: str
+    archive_sha256: str
+    site_bytes: int
+    parts: tuple[Part, ...]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        raw = json.loads(text)
+        parts = tuple(Part(**p) for p in raw.pop("parts"))
+        return cls(parts=parts, **raw)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def part_dir(root: Path, index: int) -> Path:
+    """Part N's own folder, so that one call's `carry` can name it alone."""
+    return root / "parts" / f"{index:02d}"
+
+
+def prune(site: Path, patterns: tuple[str, ...] = PRUNE) -> list[str]:
+    """Removes what a Hopper GPU never loads; returns the paths removed, relative to the site."""
+    removed = []
+    for pattern in patterns:
+        for path in sorted(site.glob(pattern)):
+            removed.append(str(path.relative_to(site)))
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return removed
+
+
+def _site_bytes(site: Path) -> int:
+    return sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
+
+
+def _archive(site: Path) -> Iterator[bytes]:
+    """The site as one xz-compressed tar stream (xz's threads where installed, else lzma's one)."""
+    if shutil.which("xz") and shutil.which("tar"):
+        tar = subprocess.Popen(["tar", "-C", str(site), "-cf", "-", "."], stdout=subprocess.PIPE)
+        xz = subprocess.Popen(["xz", "-T0", "-6", "-c"], stdin=tar.stdout, stdout=subprocess.PIPE)
+        assert tar.stdout is not None and xz.stdout is not None
+        tar.stdout.close()
+        yield from iter(lambda: xz.stdout.read(1 << 20), b"")  # type: ignore[union-attr]
+        if xz.wait() != 0 or tar.wait() != 0:
+            raise KitError(f"tar | xz of {site} failed")
+        return
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tf:
+        tf.add(site, arcname=".")
+    yield buf.getvalue()
+
+
+def pack(site: Path, out: Path, part_bytes: int, pins_sha256: str = "") -> Manifest:
+    """Cuts the site's archive into parts of `part_bytes` under out/parts/NN/kit.part."""
+    shutil.rmtree(out / "parts", ignore_errors=True)
+    whole = hashlib.sha256()
+    parts: list[Part] = []
+    current: io.BufferedWriter | None = None
+    digest = hashlib.sha256()
+    written = 0
+
+    def close() -> None:
+        nonlocal current
+        if current is not None:
+            current.close()
+            parts.append(Part(f"{len(parts) + 1:02d}", written, digest.hexdigest()))
+            current = None
+
+    for chunk in _archive(site):
+        whole.update(chunk)
+        view = memoryview(chunk)
+        while view:
+            if current is None:
+                folder = part_dir(out, len(parts) + 1)
+                folder.mkdir(parents=True)
+                current = (folder / "kit.part").open("wb")
+                digest, written = hashlib.sha256(), 0
+            take = min(len(view), part_bytes - written)
+            current.write(view[:take])
+            digest.update(view[:take])
+            written += take
+            view = view[take:]
+            if written == part_bytes:
+                close()
+    close()
+    manifest = Manifest(pins_sha256, whole.hexdigest(), _site_bytes(site), tuple(parts))
+    (out / "MANIFEST.json").write_text(manifest.to_json())
+    return manifest
+
+
+def receive(repo_kit: Path, store: Path) -> list[str]:
+    """Copies the parts this call brought (repo_kit/parts/NN) into the store; returns those missing."""
+    manifest = Manifest.from_json((repo_kit / "MANIFEST.json").read_text())
+    (store / "parts").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(repo_kit / "MANIFEST.json", store / "MANIFEST.json")
+    for part in manifest.parts:
+        src = repo_kit / "parts" / part.name / "kit.part"
+        dst = store / "parts" / f"{part.name}.part"
+        if src.is_file() and not (dst.is_file() and dst.stat().st_size == part.size):
+            shutil.copyfile(src, dst)
+    return [p.name for p in manifest.parts if not (store / "parts" / f"{p.name}.part").is_file()]
+
+
+class _Joined(io.RawIOBase):
+    """The parts read back to back as one file, each checked against the manifest as it is read."""
+
+    def __init__(self, store: Path, manifest: Manifest) -> None:
+        self._parts = list(manifest.parts)
+        self._store = store
+        self._file: io.BufferedReader | None = None
+        self._digest = hashlib.sha256()
+        self._part: Part | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def _finish_part(self) -> None:
+        assert self._file is not None and self._part is not None
+        self._file.close()
+        self._file = None
+        if self._digest.hexdigest() != self._part.sha256:
+            raise KitError(f"part {self._part.name} is damaged (SHA-256 differs from MANIFEST.json)")
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while True:
+            if self._file is None:
+                if not self._parts:
+                    return 0
+                self._part = self._parts.pop(0)
+                self._file = (self._store / "parts" / f"{self._part.name}.part").open("rb")
+                self._digest = hashlib.sha256()
+            n = self._file.readinto(buffer)
+            if n:
+                self._digest.update(buffer[:n])
+                return n
+            self._finish_part()
+
+
+def install(store: Path) -> Path:
+    """Unpacks the received parts into store/site (checked part by part); returns the site."""
+    manifest = Manifest.from_json((store / "MANIFEST.json").read_text())
+    missing = [p.name for p in manifest.parts if not (store / "parts" / f"{p.name}.part").is_file()]
+    if missing:
+        raise KitError(f"parts not received yet: {', '.join(missing)} of {len(manifest.parts)}")
+    for p in manifest.parts:
+        size = (store / "parts" / f"{p.name}.part").stat().st_size
+        if size != p.size:
+            raise KitError(f"part {p.name} is {size} bytes, MANIFEST.json says {p.size}")
+    site = store / "site"
+    staging = store / "site.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    with io.BufferedReader(_Joined(store, manifest), 1 << 20) as joined:
+        with tarfile.open(fileobj=joined, mode="r|xz") as tf:
+            tf.extractall(staging, filter="data")
+        joined.read()  # the last part's digest is checked once it is read to its end
+    shutil.rmtree(site, ignore_errors=True)
+    staging.rename(site)
+    return site
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
+
+
+def build(out: Path, part_mib: int) -> Manifest:
+    wheels, site = out / "wheels", out / "site"
+    target = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+              *(a for p in PLATFORMS for a in ("--platform", p))]  # fmt: skip
+    print(f"==> wheels of {PINS.name} into {wheels}", flush=True)
+    _pip("download", "-q", "--no-deps", *target, "-d", str(wheels), "-r", str(PINS))
+    pinned = {line.split("==")[0] for line in PINS.read_text().splitlines() if "==" in line}
+    found = list(wheels.glob("*.whl"))
+    if len(found) < len(pinned):
+        raise KitError(f"{len(found)} wheels for {len(pinned)} pins in {wheels}: remove stale ones")
+    print(f"==> {len(found)} wheels installed into {site}", flush=True)
+    shutil.rmtree(site, ignore_errors=True)
+    _pip("install", "-q", "--no-deps", "--no-index", "--no-compile", *target, "--target", str(site),
+         *map(str, sorted(found)))  # fmt: skip
+    removed = prune(site)
+    print(f"==> pruned {len(removed)} paths; packing {_site_bytes(site) >> 20} MiB (xz, a few minutes)",
+          flush=True)  # fmt: skip
+    manifest = pack(site, out, part_mib << 20, _sha256(PINS))
+    print(f"==> {len(manifest.parts)} parts of up to {part_mib} MiB in {out / 'parts'}")
+    return manifest
+
+
+def device_calls(manifest: Manifest) -> list[str]:
+    """The device calls, in order: one per part; the first also starts writing the random model in
+    the background, the last unpacks the kit and checks the sleep tier; then the benchmark alone."""
+    calls = []
+    for i, part in enumerate(manifest.parts, 1):
+        carry = f'[".gpukit/MANIFEST.json", ".gpukit/parts/{part.name}"]'
+        command = "python3 -m bench.gpu_kit receive"
+        if i == 1:
+            background = "setsid nohup bash bench/gpu-check.sh model >/tmp/semserve-model.log 2>&1 </dev/null"
+            command += f" && ({background} &)"
+        if i == len(manifest.parts):
+            command += " && python3 -m bench.gpu_kit install && bash bench/gpu-check.sh sleep"
+        calls.append(f"run(carry={carry}, command={command!r}, timeout_s=600)")
+    calls.append("run(command='bash bench/gpu-check.sh bench', timeout_s=600)")
+    return calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="step", required=True)
+    b = sub.add_parser("build", help="here: wheels -> site -> xz parts in .gpukit/")
+    b.add_argument("--part-mib", type=int, default=PART_MIB)
+    sub.add_parser("receive", help="there: keep this call's parts in /tmp/semserve-kit")
+    sub.add_parser("calls", help="here: print the device calls for the kit in .gpukit/")
+    sub.add_parser("install", help="there: unpack all parts into /tmp/semserve-kit/site")
+    args = p.parse_args(argv)
+    try:
+        if args.step == "build":
+            manifest = build(KIT, args.part_mib)
+            print("device calls, one after another (the machine stays warm 30 s between calls):")
+            print("\n".join(device_calls(manifest)))
+        elif args.step == "calls":
+            print("\n".join(device_calls(Manifest.from_json((KIT / "MANIFEST.json").read_text()))))
+        elif args.step == "receive":
+            missing = receive(KIT, DEVICE)
+            print(f"kit parts still to come: {', '.join(missing) or 'none'}", flush=True)
+        else:
+            print(f"kit unpacked: {install(DEVICE)}", flush=True)
+    except (KitError, FileNotFoundError) as exc:
+        print(f"gpu_kit {args.step}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
