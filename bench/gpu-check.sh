@@ -34,9 +34,11 @@ model() {
   echo "==> model: random weights of $SHAPE's shape in $MODEL_DIR"
   local pid_file="$WORK/model.pid"
   if [ -f "$MODEL_DIR/.complete" ]; then echo "    already written"; return 0; fi
-  if [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
-    echo "    being written by pid $(cat "$pid_file"); waiting"
-    while kill -0 "$(cat "$pid_file")" 2>/dev/null; do sleep 2; done
+  local pid
+  pid=$(cat "$pid_file" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    echo "    being written by pid $pid; waiting"
+    while kill -0 "$pid" 2>/dev/null; do sleep 2; done
     [ -f "$MODEL_DIR/.complete" ] || { echo "the background model step failed:"; tail -20 "$WORK/model.log"; exit 1; }
     return 0
   fi

@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,7 +32,7 @@ PINS = ROOT / "bench" / "gpu-kit.txt"
 KIT = ROOT / ".gpukit"
 DEVICE = Path("/tmp/semserve-kit")
 # A device call carries 64 MiB with the working tree (~8 MiB now): parts leave room for both.
-PART_MIB = 48
+PART_MIB = 52
 # The lent machines' Python (KINDS.md: 3.12.3) and every manylinux tag pip may need to match.
 PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_26_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
@@ -100,59 +99,57 @@ def _site_bytes(site: Path) -> int:
     return sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
 
 
-def _archive(site: Path) -> Iterator[bytes]:
-    """The site as one xz-compressed tar stream (xz's threads where installed, else lzma's one)."""
+def _write_archive(site: Path, dest: Path) -> None:
+    """The site as one xz-compressed tar (xz's threads where installed, else lzma's one)."""
     if shutil.which("xz") and shutil.which("tar"):
-        tar = subprocess.Popen(["tar", "-C", str(site), "-cf", "-", "."], stdout=subprocess.PIPE)
-        xz = subprocess.Popen(["xz", "-T0", "-6", "-c"], stdin=tar.stdout, stdout=subprocess.PIPE)
-        assert tar.stdout is not None and xz.stdout is not None
-        tar.stdout.close()
-        yield from iter(lambda: xz.stdout.read(1 << 20), b"")  # type: ignore[union-attr]
-        if xz.wait() != 0 or tar.wait() != 0:
+        with dest.open("wb") as out:
+            tar = subprocess.Popen(["tar", "-C", str(site), "-cf", "-", "."], stdout=subprocess.PIPE)
+            xz = subprocess.run(["xz", "-T0", "-6", "-c"], stdin=tar.stdout, stdout=out)
+        if xz.returncode != 0 or tar.wait() != 0:
             raise KitError(f"tar | xz of {site} failed")
         return
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz") as tf:
+    with tarfile.open(dest, mode="w:xz") as tf:
         tf.add(site, arcname=".")
-    yield buf.getvalue()
 
 
-def pack(site: Path, out: Path, part_bytes: int, pins_sha256: str = "") -> Manifest:
-    """Cuts the site's archive into parts of `part_bytes` under out/parts/NN/kit.part."""
+def pack(site: Path, out: Path, max_part_bytes: int, pins_sha256: str = "") -> Manifest:
+    """Cuts the site's archive into the fewest parts of at most `max_part_bytes`, of even size (each
+    part is one device call), under out/parts/NN/kit.part."""
     shutil.rmtree(out / "parts", ignore_errors=True)
-    whole = hashlib.sha256()
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / "kit.tar.xz"
+    _write_archive(site, archive)
+    total = archive.stat().st_size
+    count = max(1, -(-total // max_part_bytes))
+    size = -(-total // count)
     parts: list[Part] = []
-    current: io.BufferedWriter | None = None
-    digest = hashlib.sha256()
-    written = 0
-
-    def close() -> None:
-        nonlocal current
-        if current is not None:
-            current.close()
-            parts.append(Part(f"{len(parts) + 1:02d}", written, digest.hexdigest()))
-            current = None
-
-    for chunk in _archive(site):
-        whole.update(chunk)
-        view = memoryview(chunk)
-        while view:
-            if current is None:
-                folder = part_dir(out, len(parts) + 1)
-                folder.mkdir(parents=True)
-                current = (folder / "kit.part").open("wb")
-                digest, written = hashlib.sha256(), 0
-            take = min(len(view), part_bytes - written)
-            current.write(view[:take])
-            digest.update(view[:take])
-            written += take
-            view = view[take:]
-            if written == part_bytes:
-                close()
-    close()
-    manifest = Manifest(pins_sha256, whole.hexdigest(), _site_bytes(site), tuple(parts))
+    with archive.open("rb") as f:
+        for index in range(1, count + 1):
+            data = f.read(size)
+            folder = part_dir(out, index)
+            folder.mkdir(parents=True)
+            (folder / "kit.part").write_bytes(data)
+            parts.append(Part(f"{index:02d}", len(data), hashlib.sha256(data).hexdigest()))
+    manifest = Manifest(pins_sha256, _sha256(archive), _site_bytes(site), tuple(parts))
+    archive.unlink()
     (out / "MANIFEST.json").write_text(manifest.to_json())
     return manifest
+
+
+def part_limit(tree_bytes: int, carry_limit: int = 64 << 20, margin: int = 2 << 20) -> int:
+    """The largest part that travels beside the working tree in one call, at most PART_MIB."""
+    room = carry_limit - tree_bytes - margin
+    if room < 8 << 20:
+        raise KitError(f"the working tree ({tree_bytes >> 20} MiB) leaves no room for kit parts")
+    return min(PART_MIB << 20, room)
+
+
+def _tree_bytes() -> int:
+    """What travels with every device call: tracked files and untracked ones git does not ignore."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=ROOT, capture_output=True, check=True)  # fmt: skip
+    return sum((ROOT / name).stat().st_size for name in out.stdout.decode().split("\0")
+               if name and (ROOT / name).is_file())  # fmt: skip
 
 
 def receive(repo_kit: Path, store: Path) -> list[str]:
@@ -169,38 +166,26 @@ def receive(repo_kit: Path, store: Path) -> list[str]:
 
 
 class _Joined(io.RawIOBase):
-    """The parts read back to back as one file, each checked against the manifest as it is read."""
+    """The parts read back to back as one file."""
 
-    def __init__(self, store: Path, manifest: Manifest) -> None:
-        self._parts = list(manifest.parts)
-        self._store = store
+    def __init__(self, files: list[Path]) -> None:
+        self._files = list(files)
         self._file: io.BufferedReader | None = None
-        self._digest = hashlib.sha256()
-        self._part: Part | None = None
 
     def readable(self) -> bool:
         return True
 
-    def _finish_part(self) -> None:
-        assert self._file is not None and self._part is not None
-        self._file.close()
-        self._file = None
-        if self._digest.hexdigest() != self._part.sha256:
-            raise KitError(f"part {self._part.name} is damaged (SHA-256 differs from MANIFEST.json)")
-
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         while True:
             if self._file is None:
-                if not self._parts:
+                if not self._files:
                     return 0
-                self._part = self._parts.pop(0)
-                self._file = (self._store / "parts" / f"{self._part.name}.part").open("rb")
-                self._digest = hashlib.sha256()
+                self._file = self._files.pop(0).open("rb")
             n = self._file.readinto(buffer)
             if n:
-                self._digest.update(buffer[:n])
                 return n
-            self._finish_part()
+            self._file.close()
+            self._file = None
 
 
 def install(store: Path) -> Path:
@@ -209,18 +194,19 @@ def install(store: Path) -> Path:
     missing = [p.name for p in manifest.parts if not (store / "parts" / f"{p.name}.part").is_file()]
     if missing:
         raise KitError(f"parts not received yet: {', '.join(missing)} of {len(manifest.parts)}")
-    for p in manifest.parts:
-        size = (store / "parts" / f"{p.name}.part").stat().st_size
-        if size != p.size:
-            raise KitError(f"part {p.name} is {size} bytes, MANIFEST.json says {p.size}")
+    files = [store / "parts" / f"{p.name}.part" for p in manifest.parts]
+    for part, path in zip(manifest.parts, files, strict=True):
+        if path.stat().st_size != part.size:
+            raise KitError(f"part {part.name} is {path.stat().st_size} bytes, MANIFEST.json says {part.size}")
+        if _sha256(path) != part.sha256:
+            raise KitError(f"part {part.name} is damaged (SHA-256 differs from MANIFEST.json)")
     site = store / "site"
     staging = store / "site.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    with io.BufferedReader(_Joined(store, manifest), 1 << 20) as joined:
+    with io.BufferedReader(_Joined(files), 1 << 20) as joined:
         with tarfile.open(fileobj=joined, mode="r|xz") as tf:
             tf.extractall(staging, filter="data")
-        joined.read()  # the last part's digest is checked once it is read to its end
     shutil.rmtree(site, ignore_errors=True)
     staging.rename(site)
     return site
@@ -230,7 +216,7 @@ def _pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
 
 
-def build(out: Path, part_mib: int) -> Manifest:
+def build(out: Path, max_part_bytes: int) -> Manifest:
     wheels, site = out / "wheels", out / "site"
     target = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
               *(a for p in PLATFORMS for a in ("--platform", p))]  # fmt: skip
@@ -247,8 +233,8 @@ def build(out: Path, part_mib: int) -> Manifest:
     removed = prune(site)
     print(f"==> pruned {len(removed)} paths; packing {_site_bytes(site) >> 20} MiB (xz, a few minutes)",
           flush=True)  # fmt: skip
-    manifest = pack(site, out, part_mib << 20, _sha256(PINS))
-    print(f"==> {len(manifest.parts)} parts of up to {part_mib} MiB in {out / 'parts'}")
+    manifest = pack(site, out, max_part_bytes, _sha256(PINS))
+    print(f"==> {len(manifest.parts)} parts of {manifest.parts[0].size / 2**20:.1f} MiB in {out / 'parts'}")
     return manifest
 
 
@@ -280,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.step == "build":
-            manifest = build(KIT, args.part_mib)
+            limit = part_limit(_tree_bytes())
+            manifest = build(KIT, min(limit, args.part_mib << 20))
             print("device calls, one after another (the machine stays warm 30 s between calls):")
             print("\n".join(device_calls(manifest)))
         elif args.step == "calls":

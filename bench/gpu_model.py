@@ -64,7 +64,7 @@ def write(shape: str, out: Path) -> float:
     started = time.monotonic()
     fields = SHAPES[shape]
     cfg = LlamaConfig(**fields, rms_norm_eps=1e-5, tie_word_embeddings=False)
-    cfg.torch_dtype = torch.bfloat16  # recorded in config.json: vLLM's dtype "auto" reads it
+    cfg.dtype = torch.bfloat16  # recorded in config.json: vLLM's dtype "auto" reads it
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     previous = torch.get_default_dtype()

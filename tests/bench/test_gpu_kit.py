@@ -66,7 +66,9 @@ def test_parts_sent_over_several_calls_unpack_to_the_same_site(tmp_path: Path) -
     kit, store = tmp_path / "kit", tmp_path / "store"
     manifest = gpu_kit.pack(site, kit, 64 * 1024, "pins")
     assert len(manifest.parts) >= 4
-    assert all(p.size == 64 * 1024 for p in manifest.parts[:-1])
+    sizes = [p.size for p in manifest.parts]
+    assert max(sizes) <= 64 * 1024 and max(sizes) - min(sizes) <= 1  # even: no call for a sliver
+    assert sorted(q.name for q in (kit / "parts").iterdir()) == [p.name for p in manifest.parts]
     assert Manifest.from_json((kit / "MANIFEST.json").read_text()) == manifest
     names = [p.name for p in manifest.parts]
 
@@ -76,6 +78,13 @@ def test_parts_sent_over_several_calls_unpack_to_the_same_site(tmp_path: Path) -
     assert _send(kit, store, manifest, names[2:]) == []
     unpacked = gpu_kit.install(store)
     assert _tree(unpacked) == _tree(site)
+
+
+def test_parts_leave_room_for_the_working_tree_in_one_call() -> None:
+    assert gpu_kit.part_limit(8 << 20) == gpu_kit.PART_MIB << 20
+    assert gpu_kit.part_limit(20 << 20) == (64 - 20 - 2) << 20
+    with pytest.raises(KitError, match="working tree \\(60 MiB\\) leaves no room"):
+        gpu_kit.part_limit(60 << 20)
 
 
 def test_a_damaged_part_is_named_and_nothing_is_left_half_installed(tmp_path: Path) -> None:
@@ -126,3 +135,15 @@ def test_receive_without_a_manifest_says_so(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2
     assert "gpu_kit receive:" in out.stderr and "MANIFEST.json" in out.stderr
+
+
+def test_the_pins_leave_torch_and_cuda_to_the_image() -> None:
+    pins = dict(
+        line.split("==")
+        for line in gpu_kit.PINS.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    # vLLM 0.25.0 is the release built against torch==2.11.0, what the lent image has (cu130);
+    # carrying torch or CUDA libraries would not fit the calls, and would shadow the image's own.
+    assert pins["vllm"] == "0.25.0" and pins["kserve"] == "0.21.0"
+    assert not [name for name in pins if name.startswith(("torch", "nvidia-", "cuda-", "triton"))]
