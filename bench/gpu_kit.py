@@ -27,6 +27,8 @@ import tarfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from semserve.files import file_sha256  # standard library only, as the device side needs
+
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "bench" / "gpu-kit.txt"
 KIT = ROOT / ".gpukit"
@@ -70,14 +72,6 @@ class Manifest:
         raw = json.loads(text)
         parts = tuple(Part(**p) for p in raw.pop("parts"))
         return cls(parts=parts, **raw)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def part_dir(root: Path, index: int) -> Path:
@@ -130,7 +124,7 @@ def pack(site: Path, out: Path, max_part_bytes: int, pins_sha256: str = "") -> M
             folder.mkdir(parents=True)
             (folder / "kit.part").write_bytes(data)
             parts.append(Part(f"{index:02d}", len(data), hashlib.sha256(data).hexdigest()))
-    manifest = Manifest(pins_sha256, _sha256(archive), _site_bytes(site), tuple(parts))
+    manifest = Manifest(pins_sha256, file_sha256(archive), _site_bytes(site), tuple(parts))
     archive.unlink()
     (out / "MANIFEST.json").write_text(manifest.to_json())
     return manifest
@@ -198,7 +192,7 @@ def install(store: Path) -> Path:
     for part, path in zip(manifest.parts, files, strict=True):
         if path.stat().st_size != part.size:
             raise KitError(f"part {part.name} is {path.stat().st_size} bytes, MANIFEST.json says {part.size}")
-        if _sha256(path) != part.sha256:
+        if file_sha256(path) != part.sha256:
             raise KitError(f"part {part.name} is damaged (SHA-256 differs from MANIFEST.json)")
     site = store / "site"
     staging = store / "site.partial"
@@ -233,7 +227,7 @@ def build(out: Path, max_part_bytes: int) -> Manifest:
     removed = prune(site)
     print(f"==> pruned {len(removed)} paths; packing {_site_bytes(site) >> 20} MiB (xz, a few minutes)",
           flush=True)  # fmt: skip
-    manifest = pack(site, out, max_part_bytes, _sha256(PINS))
+    manifest = pack(site, out, max_part_bytes, file_sha256(PINS))
     print(f"==> {len(manifest.parts)} parts of {manifest.parts[0].size / 2**20:.1f} MiB in {out / 'parts'}")
     return manifest
 

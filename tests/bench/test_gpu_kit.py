@@ -119,12 +119,15 @@ def test_device_calls_carry_one_part_each_and_end_with_the_checks(tmp_path: Path
 def test_the_device_steps_need_only_the_standard_library() -> None:
     # The lent machine runs `python3 -m bench.gpu_kit` before anything is installed there.
     code = (
-        "import sys, bench.gpu_kit; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'semserve', 'httpx', 'numpy'}))"
+        "import sys; before = set(sys.modules); import bench.gpu_kit; "
+        "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in "
+        "sys.stdlib_module_names | {'bench', 'semserve'} and not m.startswith('_')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+    code = "import sys, bench.gpu_kit; print(sorted(m for m in sys.modules if m.startswith('semserve')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['semserve', 'semserve.files']"
 
 
 def test_receive_without_a_manifest_says_so(tmp_path: Path) -> None:

@@ -83,7 +83,10 @@ def test_held_miss_gives_up_after_its_bound_and_a_measured_start_replaces_the_es
         assert "not ready after 0.3 s" in late.value.message
         assert 0.3 <= time.monotonic() - started < 2
         assert held.held == {}
-        await asyncio.sleep(0.05)  # nobody waits: the wake ends, unready
+        # Nobody waits: the wake ends, unready, once its probe in flight (up to 0.05 s) returns.
+        deadline = time.monotonic() + 2
+        while held.waking_since is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         assert held.waking_since is None
         # A wake that takes over a second is a start: it becomes the estimate.
         waiting = asyncio.ensure_future(held.wait_ready("a", 30))
