@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -183,7 +184,7 @@ class _Joined(io.RawIOBase):
 
 
 def install(store: Path) -> Path:
-    """Unpacks the received parts into store/site (checked part by part); returns the site."""
+    """Checks every part's size and SHA-256, then unpacks them into store/site; returns the site."""
     manifest = Manifest.from_json((store / "MANIFEST.json").read_text())
     missing = [p.name for p in manifest.parts if not (store / "parts" / f"{p.name}.part").is_file()]
     if missing:
@@ -206,6 +207,34 @@ def install(store: Path) -> Path:
     return site
 
 
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    """name -> version of every `name==version` line."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[_canonical(name)] = version.strip()
+    return pins
+
+
+def select_wheels(wheels: list[Path], pins: dict[str, str]) -> list[Path]:
+    """The one wheel of each pin among those downloaded (a folder kept between builds also holds
+    wheels of earlier pins, and two versions of a package would break the install)."""
+    chosen = {}
+    for wheel in wheels:
+        name, version = wheel.name.split("-")[:2]
+        if pins.get(_canonical(name)) == version:
+            chosen[_canonical(name)] = wheel
+    missing = sorted(set(pins) - set(chosen))
+    if missing:
+        raise KitError(f"no wheel downloaded for {', '.join(f'{n}=={pins[n]}' for n in missing)}")
+    return sorted(chosen.values())
+
+
 def _pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
 
@@ -216,10 +245,7 @@ def build(out: Path, max_part_bytes: int) -> Manifest:
               *(a for p in PLATFORMS for a in ("--platform", p))]  # fmt: skip
     print(f"==> wheels of {PINS.name} into {wheels}", flush=True)
     _pip("download", "-q", "--no-deps", *target, "-d", str(wheels), "-r", str(PINS))
-    pinned = {line.split("==")[0] for line in PINS.read_text().splitlines() if "==" in line}
-    found = list(wheels.glob("*.whl"))
-    if len(found) < len(pinned):
-        raise KitError(f"{len(found)} wheels for {len(pinned)} pins in {wheels}: remove stale ones")
+    found = select_wheels(list(wheels.glob("*.whl")), read_pins(PINS))
     print(f"==> {len(found)} wheels installed into {site}", flush=True)
     shutil.rmtree(site, ignore_errors=True)
     _pip("install", "-q", "--no-deps", "--no-index", "--no-compile", *target, "--target", str(site),

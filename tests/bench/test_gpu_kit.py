@@ -150,3 +150,16 @@ def test_the_pins_leave_torch_and_cuda_to_the_image() -> None:
     # carrying torch or CUDA libraries would not fit the calls, and would shadow the image's own.
     assert pins["vllm"] == "0.25.0" and pins["kserve"] == "0.21.0"
     assert not [name for name in pins if name.startswith(("torch", "nvidia-", "cuda-", "triton"))]
+
+
+def test_the_wheel_of_each_pin_is_chosen_and_a_missing_one_is_named(tmp_path: Path) -> None:
+    pins_file = tmp_path / "pins.txt"
+    pins_file.write_text("# comment\nopenai-harmony==0.0.8\nvllm==0.25.0\n")
+    pins = gpu_kit.read_pins(pins_file)
+    assert pins == {"openai-harmony": "0.0.8", "vllm": "0.25.0"}
+    wheels = [tmp_path / n for n in ("vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                                     "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl",  # an earlier pin's
+                                     "openai_harmony-0.0.8-cp38-abi3-manylinux_2_17_x86_64.whl")]  # fmt: skip
+    assert [w.name for w in gpu_kit.select_wheels(wheels, pins)] == [wheels[2].name, wheels[0].name]
+    with pytest.raises(KitError, match=r"no wheel downloaded for openai-harmony==0\.0\.8"):
+        gpu_kit.select_wheels(wheels[:2], pins)
