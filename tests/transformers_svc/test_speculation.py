@@ -22,6 +22,10 @@ PREDICTOR_CALLS = "semserve_transformer_predictor_calls_total"
 GENERATIONS = "semserve_predictor_generations_total"
 # A pair the verifier serves (tests/test_transformer_cache.py::test_paraphrase_is_a_semantic_hit).
 STORED, PARAPHRASE = "How do I reset my password?", "How can I reset my password?"
+# A speculation starts the predictor generating while the lookup's KNN runs, and here both share 2
+# cores: the default 50 ms KNN budget can run out, and a lookup that fails open is a miss (as it
+# should be, tests/cache/test_failopen.py), which is not what these tests are about.
+LOOKUP_BUDGET = ("--cache-lookup-timeout-ms", "2000")
 
 
 def metric(t: Transformer | Predictor, name: str, **labels: str) -> float:
@@ -52,6 +56,12 @@ def stream_chat(t: Transformer, content: str) -> tuple[str, str]:
     return status, "".join(text)
 
 
+def lookups(t: Transformer) -> dict[str, float]:
+    """Lookups by result, for a failure's message."""
+    results = ("exact", "semantic", "miss", "bypass", "error")
+    return {r: metric(t, "semserve_cache_lookups_total", result=r) for r in results}
+
+
 def speculations(t: Transformer) -> dict[str, float]:
     return {o: metric(t, SPECULATIONS, outcome=o) for o in ("used", "cancelled")}
 
@@ -63,7 +73,9 @@ def deployment() -> str:
 
 @pytest.fixture(scope="module")
 def warm(predictor: Predictor, redis_url: str, deployment: str) -> Iterator[Transformer]:
-    t = start_transformer(deployment, predictor.grpc, redis_url, "--speculate-warm-window-s", "600")
+    t = start_transformer(
+        deployment, predictor.grpc, redis_url, "--speculate-warm-window-s", "600", *LOOKUP_BUDGET
+    )
     try:
         yield t
     finally:
@@ -87,7 +99,7 @@ def test_a_semantic_hit_cancels_the_speculation_and_stores_nothing(warm: Transfo
     before = speculations(warm)
     tokens = metric(warm, CANCELLED_TOKENS)
     status, text = stream_chat(warm, PARAPHRASE)
-    assert (status, text) == ("semantic", stored)
+    assert (status, text) == ("semantic", stored), lookups(warm)
     assert speculations(warm) == {"used": before["used"], "cancelled": before["cancelled"] + 1}
     # What the cancelled stream had generated (0 if the hit came before its first token) is counted.
     assert f'{CANCELLED_TOKENS}{{model_name="llm"}}' in httpx.get(f"{warm.http}/metrics").text
@@ -102,10 +114,10 @@ def test_a_hit_never_wakes_a_predictor_this_transformer_has_not_heard_from(
 ) -> None:
     assert chat(warm, STORED)[0] in ("miss", "exact")  # in the shared index
     fresh = start_transformer(f"{deployment}-cold", predictor.grpc, redis_url,
-                              "--cache-deployment", deployment)  # fmt: skip
+                              "--cache-deployment", deployment, *LOOKUP_BUDGET)  # fmt: skip
     try:
         status, text = stream_chat(fresh, PARAPHRASE)
-        assert status == "semantic" and text
+        assert status == "semantic" and text, lookups(fresh)
         assert metric(fresh, PREDICTOR_CALLS) == 0
         assert speculations(fresh) == {"used": 0, "cancelled": 0}
     finally:
@@ -113,7 +125,9 @@ def test_a_hit_never_wakes_a_predictor_this_transformer_has_not_heard_from(
 
 
 def test_speculation_off_moves_no_speculation_metric(predictor: Predictor, redis_url: str) -> None:
-    off = start_transformer(f"spec-off-{uuid.uuid4().hex[:6]}", predictor.grpc, redis_url, "--no-speculate")
+    off = start_transformer(
+        f"spec-off-{uuid.uuid4().hex[:6]}", predictor.grpc, redis_url, "--no-speculate", *LOOKUP_BUDGET
+    )
     try:
         status, stored = chat(off, STORED)
         assert status == "miss"
