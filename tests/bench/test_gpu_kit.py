@@ -31,6 +31,16 @@ def _site(root: Path) -> Path:
     (site / "kserve" / "__init__.py").write_text("")
     (site / "kserve" / "__pycache__").mkdir()
     (site / "kserve" / "__pycache__" / "x.pyc").write_bytes(b"pyc")
+    (site / "vllm" / "vllm-rs").write_bytes(b"rust frontend")
+    for name in ("lib/libxgrammar.a", "libxgrammar_bindings.so"):
+        (site / "xgrammar" / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / "xgrammar" / name).write_bytes(b"x")
+    for name in ("tekken_240911.json", "tekken_240718.json"):
+        (site / "mistral_common" / "data").mkdir(parents=True, exist_ok=True)
+        (site / "mistral_common" / "data" / name).write_text("{}")
+    for name in ("client/api.py", "aio/client/api.py"):
+        (site / "kubernetes" / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / "kubernetes" / name).write_text("")
     return site
 
 
@@ -59,6 +69,11 @@ def test_prune_keeps_what_hopper_loads(tmp_path: Path) -> None:
     deep = sorted(p.name for p in (site / "vllm" / "third_party" / "deep_gemm").iterdir())
     assert deep == ["_C.cpython-312-x86_64-linux-gnu.so"]  # the lent machines run Python 3.12
     assert not (site / "kserve" / "__pycache__").exists()
+    assert {"vllm/vllm-rs", "xgrammar/lib/libxgrammar.a", "kubernetes/aio"} <= set(removed)
+    assert not list((site / "mistral_common" / "data").iterdir())
+    # What vLLM and KServe import stays.
+    assert (site / "xgrammar" / "libxgrammar_bindings.so").exists()
+    assert (site / "kubernetes" / "client" / "api.py").exists()
 
 
 def test_parts_sent_over_several_calls_unpack_to_the_same_site(tmp_path: Path) -> None:
