@@ -41,7 +41,7 @@ PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x
              "manylinux_2_26_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux_2_12_x86_64", "manylinux_2_5_x86_64",
              "manylinux1_x86_64")  # fmt: skip
-# Never loaded by the check on an H100/H200 (each about one device call's worth less to carry):
+# Never loaded by the check on an H100/H200 (since stop 37, one device call fewer to carry):
 # FlashAttention 2 (vLLM picks FA3 on compute capability 9.x and imports FA2 inside try), DeepGEMM's
 # builds for other Python versions, xgrammar's static library (for C++ builds against it), vLLM's
 # optional Rust frontend (only with VLLM_RUST_FRONTEND_PATH), the vocabularies of Mistral's own
