@@ -15,11 +15,12 @@ Read-your-writes: a generation's last piece reaches its listeners only after the
 and the lease released (Broadcast's `on_complete`), so no response (nor a stream's final chunk)
 ends before a request through any replica can read the answer.
 
-Speculation (streamed requests, --speculate): when the exact lookup misses and the predictor is
-warm (it answered within --speculate-warm-window-s, so a hit never wakes one at zero), the key's
-generation starts at once, while the embedding, KNN and verifier run. A miss listens to it (the
-stream a miss would have started, only earlier); a semantic hit abandons it: it is cancelled (the
-predictor aborts) unless identical requests joined it, and only a wanted generation is stored.
+Speculation (--speculate for streamed requests, --speculate-unary for the others): when the exact
+lookup misses and the predictor is warm (it answered within --speculate-warm-window-s, so a hit never
+wakes one at zero), the key's generation starts at once, while the embedding, KNN and verifier run.
+A miss listens to it (the stream a miss would have started, only earlier; a unary miss gathers its
+pieces); a semantic hit abandons it: it is cancelled (the predictor aborts) unless identical requests
+joined it, and only a wanted generation is stored.
 
 Answers the predictor reports as another model revision's than this transformer's
 --expected-model-revision (a canary: the stable transformer's misses reach both predictor
@@ -263,7 +264,8 @@ class AnswerPipeline:
         if self.cache is None or not mode.used:
             metrics.LOOKUPS.labels(self.model, "bypass").inc()
             return AnswerStream("bypass", None, await self._metered(request, streamed))
-        speculation = self._speculation(request, key, mode) if streamed else None
+        speculate = streamed or self.settings.speculate_unary
+        speculation = self._speculation(request, key, mode) if speculate else None
         try:
             res = await self.lookup(key, mode, speculation.start if speculation is not None else None)
         except BaseException:
@@ -305,7 +307,7 @@ class AnswerPipeline:
         return AnswerStream("shared" if by_peer else status, similarity, pieces)
 
     def _speculation(self, request: AnswerRequest, key: CacheRequest, mode: CacheMode) -> _Speculation | None:
-        """A speculation for this streamed request, to start on an exact miss; None when it may not
+        """A speculation for this request, to start on an exact miss; None when it may not
         speculate (off, no cache read, nothing to share, or a predictor not known to be warm)."""
         if not self.settings.speculate or self.cache is None or not mode.read:
             return None

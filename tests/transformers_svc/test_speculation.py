@@ -1,7 +1,8 @@
-"""Speculation for streamed misses (transformers_svc/answer_pipeline.py, --speculate): transformers in
-front of the shared real predictor, a real Redis, OpenAI streams over real sockets. A warm predictor's
-stream starts on the exact miss and is the miss's answer; a semantic hit cancels it and nothing of it
-is stored; a predictor this transformer never heard from is not woken by a hit; off means off."""
+"""Speculation for misses, streamed and unary (transformers_svc/answer_pipeline.py, --speculate):
+transformers in front of the shared real predictor, a real Redis, OpenAI streams and v2 requests over
+real sockets. A warm predictor's stream starts on the exact miss and is the miss's answer; a semantic
+hit cancels it and nothing of it is stored; a predictor this transformer never heard from is not
+woken by a hit; off means off. Unary requests speculate only with --speculate-unary."""
 
 from __future__ import annotations
 
@@ -93,6 +94,57 @@ def test_a_warm_streamed_miss_streams_its_speculation(warm: Transformer, predict
     assert chat(warm, question) == ("exact", text)  # and its answer was stored
 
 
+@pytest.fixture(scope="module")
+def unary(predictor: Predictor, redis_url: str, deployment: str) -> Iterator[Transformer]:
+    t = start_transformer(f"{deployment}-unary", predictor.grpc, redis_url, "--speculate-unary",
+                          "--speculate-warm-window-s", "600", *LOOKUP_BUDGET)  # fmt: skip
+    try:
+        yield t
+    finally:
+        t.process.stop()
+
+
+def test_unary_requests_do_not_speculate_by_default(warm: Transformer) -> None:
+    assert chat(warm, f"Name a primary color. ({uuid.uuid4().hex[:6]})")[0] == "miss"  # warm
+    before = speculations(warm)
+    assert chat(warm, f"Name a large ocean. ({uuid.uuid4().hex[:6]})")[0] == "miss"
+    assert speculations(warm) == before
+    assert stream_chat(warm, f"Name a small planet. ({uuid.uuid4().hex[:6]})")[0] == "miss"
+    assert speculations(warm) == {"used": before["used"] + 1, "cancelled": before["cancelled"]}
+
+
+def test_a_warm_unary_miss_is_answered_by_its_speculation(unary: Transformer, predictor: Predictor) -> None:
+    """With --speculate-unary, unary misses speculate too (the lookup runs beside the generation):
+    OpenAI and v2 REST."""
+    warm = unary
+    chat(warm, f"Name a primary color. ({uuid.uuid4().hex[:6]})")  # warm
+    before, generations = speculations(warm), metric(predictor, GENERATIONS)
+    question = f"Name a large ocean. ({uuid.uuid4().hex[:6]})"
+    status, text = chat(warm, question)
+    assert status == "miss" and text, lookups(warm)
+    assert speculations(warm) == {"used": before["used"] + 1, "cancelled": before["cancelled"]}
+    assert metric(predictor, GENERATIONS) == generations + 1  # the speculation was the one generation
+    assert chat(warm, question) == ("exact", text)  # its answer, whole, was stored
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
+                        "data": [f"The capital of Italy is ({uuid.uuid4().hex[:6]})"]}],
+            "parameters": {"max_tokens": 8, "temperature": 0}}  # fmt: skip
+    r = httpx.post(f"{warm.http}/v2/models/llm/infer", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    outputs = {o["name"]: o["data"] for o in r.json()["outputs"]}
+    assert outputs["cache_status"] == ["miss"], lookups(warm)
+    assert outputs["finish_reason"][0] in ("stop", "length") and outputs["completion_tokens"][0] >= 1
+    assert speculations(warm)["used"] == before["used"] + 2
+
+
+def test_a_unary_semantic_hit_cancels_its_speculation(unary: Transformer) -> None:
+    warm = unary
+    status, stored = chat(warm, STORED)
+    assert status in ("miss", "exact") and stored
+    before = speculations(warm)
+    assert chat(warm, PARAPHRASE) == ("semantic", stored), lookups(warm)
+    assert speculations(warm) == {"used": before["used"], "cancelled": before["cancelled"] + 1}
+
+
 def test_a_semantic_hit_cancels_the_speculation_and_stores_nothing(warm: Transformer) -> None:
     status, stored = chat(warm, STORED)
     assert status in ("miss", "exact") and stored
@@ -131,9 +183,11 @@ def test_speculation_off_moves_no_speculation_metric(predictor: Predictor, redis
     try:
         status, stored = chat(off, STORED)
         assert status == "miss"
+        assert chat(off, f"Name a large ocean. ({uuid.uuid4().hex[:6]})")[0] == "miss"  # unary, warm by now
         assert stream_chat(off, f"Name a large ocean. ({uuid.uuid4().hex[:6]})")[0] == "miss"
         assert stream_chat(off, PARAPHRASE) == ("semantic", stored)
         assert speculations(off) == {"used": 0, "cancelled": 0}
         assert metric(off, CANCELLED_TOKENS) == 0
     finally:
         off.process.stop()
+
