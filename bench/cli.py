@@ -98,6 +98,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     stream.add_argument("--skip-vllm", action="store_true", help="no vLLM server part")
     stream.add_argument("--seed", type=int, default=0, help="random seed (miss prompts)")
     stream.add_argument("--output", default=None, help="append the markdown section to this file")
+    stream.add_argument(
+        "--engine-cpus", default=None, metavar="LIST",
+        help="run the engines (our predictor, vLLM's server) on these CPUs (taskset syntax: 0 or 0-3) "
+        "and the transformer, Redis and the clients on the others, as when the transformer is a pod "
+        "of its own; default: all share all",
+    )
     stream.set_defaults(func=_main_of("stream"))
 
     from bench import miss

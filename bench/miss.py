@@ -30,7 +30,7 @@ import httpx
 from bench.cache_clients import MODEL, cache_status
 from bench.cache_e2e import miss_prompts
 from bench.predictor import _free_port, _machine, _percentile
-from bench.procs import LOG_DIR, Proc
+from bench.procs import LOG_DIR, CoreSplit, Proc
 
 PROTOCOLS = ("v2", "openai")
 
@@ -44,6 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF model dir (default: the prepared SmolLM2)")
     p.add_argument("--seed", type=int, default=0, help="random seed (miss prompts)")
     p.add_argument("--output", default=None, help="append the markdown section to this file")
+    p.add_argument(
+        "--engine-cpus", default=None, metavar="LIST",
+        help="run the predictor this bench starts on these CPUs (taskset syntax: 0 or 0-3) and the "
+        "transformer, Redis and the clients on the others, as when the transformer is a pod of its "
+        "own (with --predictor: start that one on these CPUs yourself, `taskset -c LIST`)",
+    )
 
 
 @dataclass
@@ -145,6 +151,11 @@ def main(args: argparse.Namespace) -> int:
 
     started, load_start = time.monotonic(), os.getloadavg()[0]
     rng = random.Random(args.seed)
+    split = CoreSplit.of(args.engine_cpus) if args.engine_cpus else None
+    if split is not None:
+        split.pin_this_process()  # the transformer and Redis it starts inherit it
+        print(f"==> {split.describe()}" + (" (the running predictor: as it was started)" if args.predictor
+                                            else ""), flush=True)  # fmt: skip
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     redis_dir = Path(tempfile.mkdtemp(prefix="redis-miss-bench-", dir=LOG_DIR))
     redis = RedisServer(_free_port(), data_dir=redis_dir)
@@ -160,6 +171,7 @@ def main(args: argparse.Namespace) -> int:
             ["predictor", "--model", str(model_dir), "--http-port", str(p_http), "--grpc-port", str(p_grpc),
              "--max-num-seqs", "8", "--max-model-len", "2048", "--log-level", "warning"],
             f"{pred_http}/v2/health/ready", LOG_DIR / "miss-bench-predictor.log",
+            cpus=split.engine if split is not None else None,
         )
     transformer = Proc(
         "transformer",
@@ -192,13 +204,17 @@ def main(args: argparse.Namespace) -> int:
         cmd = f"semserve bench miss --samples {args.samples} --max-tokens {args.max_tokens}"
         if shared:
             cmd += f" --predictor {args.predictor}"
+        if split is not None:
+            cmd += f" --engine-cpus {args.engine_cpus}"
+        cores = f" Cores: {split.describe()}." if split is not None else " Cores: every process on every CPU."
         with open(args.output, "a") as f:
             f.write(
                 f"\n## Issue 26: miss overhead, not streamed ({time.strftime('%Y-%m-%d')}, {_machine()})\n\n"
                 f"Command: `{cmd}` ({minutes:.1f} min). Concurrency 1, ours and direct strictly "
                 f"alternated, fresh prompts (every transformer request a real miss), temperature 0. "
                 f"The machine is shared with other work (1-min load average {load_start:.1f} at the "
-                f"start, {os.getloadavg()[0]:.1f} at the end): the figures carry that noise.\n\n{text}\n"
+                f"start, {os.getloadavg()[0]:.1f} at the end): the figures carry that noise."
+                f"{cores}\n\n{text}\n"
             )
         print(f"appended to {args.output}")
     return 1 if any(p.ours.errors or p.direct.errors for p in pairs) else 0

@@ -66,8 +66,12 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class Server:
-    def __init__(self, name: str, cmd: list[str], base: str, ready_path: str, log: Path) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], base: str, ready_path: str, log: Path,
+        cpus: frozenset[int] | None = None,
+    ) -> None:  # fmt: skip
         self.name, self.cmd, self.base, self.ready_path, self.log = name, cmd, base, ready_path, log
+        self.cpus = cpus  # None: where this process runs
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Server:
@@ -76,6 +80,7 @@ class Server:
         self.proc = subprocess.Popen(
             self.cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus is not None else None,
         )
         while True:
             if self.proc.poll() is not None:

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -17,14 +19,70 @@ from bench.predictor import ROOT
 LOG_DIR = ROOT / ".cache" / "bench-logs"
 
 
+def parse_cpus(spec: str) -> frozenset[int]:
+    """`0`, `0,2` or `0-3` (as taskset -c takes them) -> the CPU numbers."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"CPU list {spec!r}: expected numbers and ranges such as 0 or 0,2 or 0-3")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(cpus)
+
+
+@dataclass(frozen=True)
+class CoreSplit:
+    """The engines (our predictor, vLLM's server) on some CPUs, the transformer, Redis and the
+    bench's clients on the others: the shape of a deployment, where the transformer is a pod of
+    its own, on one machine. Without it every process shares every CPU, and the transformer's work
+    slows the engine (whose threads wait for each other at every step) beside measuring itself."""
+
+    engine: frozenset[int]
+    rest: frozenset[int]
+
+    @classmethod
+    def of(cls, engine_cpus: str, allowed: frozenset[int] | None = None) -> CoreSplit:
+        allowed = allowed if allowed is not None else frozenset(os.sched_getaffinity(0))
+        engine = parse_cpus(engine_cpus)
+        if not engine <= allowed:
+            raise ValueError(
+                f"engine CPUs {sorted(engine)} are not all among this process's {sorted(allowed)}"
+            )
+        rest = allowed - engine
+        if not rest:
+            raise ValueError(f"engine CPUs {sorted(engine)} leave none of {sorted(allowed)} for the rest")
+        return cls(engine, rest)
+
+    def pin_this_process(self) -> None:
+        """This process, and every child it starts from now on unless told otherwise, on `rest`."""
+        os.sched_setaffinity(0, self.rest)
+
+    def describe(self) -> str:
+        return (f"engines on CPUs {_cpu_list(self.engine)}, transformer, Redis and clients on "
+                f"{_cpu_list(self.rest)}")
+
+
+def _cpu_list(cpus: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def pinned(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """A preexec_fn that puts a child on `cpus` (None: where its parent is)."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 class Proc:
     """A `python -m semserve ...` child (or another module's) with its log in a file: start now,
-    wait for ready later."""
+    wait for ready later. `cpus`: the CPUs it runs on (default: its parent's)."""
 
     def __init__(
-        self, name: str, args: list[str], ready_url: str, log: Path, module: str = "semserve"
-    ) -> None:
+        self, name: str, args: list[str], ready_url: str, log: Path, module: str = "semserve",
+        cpus: frozenset[int] | None = None,
+    ) -> None:  # fmt: skip
         self.name, self.args, self.ready_url, self.log, self.module = name, args, ready_url, log, module
+        self.cpus = cpus
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.start_s = float("nan")
@@ -35,7 +93,7 @@ class Proc:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module, *self.args], stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
+            start_new_session=True, preexec_fn=pinned(self.cpus),
         )
         return self
 

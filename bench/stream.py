@@ -38,7 +38,7 @@ import httpx
 
 from bench.cache_e2e import ServerStats, miss_prompts
 from bench.predictor import Server, _free_port, _machine, _percentile
-from bench.procs import LOG_DIR, Proc
+from bench.procs import LOG_DIR, CoreSplit, Proc
 
 MODEL = "llm"
 ENGINE_LIMITS = ["--max-model-len", "2048"]
@@ -336,7 +336,9 @@ def parse_levels(concurrency: str, requests: str) -> tuple[list[int], list[int]]
     return levels, [n or max(8, 4 * c) for n, c in zip(counts, levels, strict=True)]
 
 
-def _predictor_proc(model_dir: Path, max_seqs: int, http: int, grpc: int) -> Proc:
+def _predictor_proc(
+    model_dir: Path, max_seqs: int, http: int, grpc: int, cpus: frozenset[int] | None
+) -> Proc:
     return Proc(
         "predictor",
         ["predictor", "--model", str(model_dir), "--http-port", str(http), "--grpc-port", str(grpc),
@@ -356,7 +358,7 @@ def _transformer_proc(redis_url: str, predictor_grpc: int, http: int, grpc: int)
     )
 
 
-def _vllm_server(model_dir: Path, max_seqs: int, port: int) -> Server:
+def _vllm_server(model_dir: Path, max_seqs: int, port: int, cpus: frozenset[int] | None) -> Server:
     import torch
 
     # What `semserve bench predictor` gives vLLM's server: the same limits our predictor runs with.
@@ -365,7 +367,8 @@ def _vllm_server(model_dir: Path, max_seqs: int, port: int) -> Server:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
            "--max-num-seqs", str(max_seqs), "--gpu-memory-utilization", util, *ENGINE_LIMITS]
-    return Server("vllm", cmd, f"http://127.0.0.1:{port}", "/v1/models", LOG_DIR / "stream-bench-vllm.log")
+    return Server("vllm", cmd, f"http://127.0.0.1:{port}", "/v1/models", LOG_DIR / "stream-bench-vllm.log",
+                  cpus=cpus)
 
 
 @dataclass
@@ -375,13 +378,14 @@ class Run:
     vllm_start_s: float = float("nan")
 
 
-def _ours(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int) -> None:
+def _ours(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int,
+          engine_cpus: frozenset[int] | None) -> None:  # fmt: skip
     from semserve.tooling.local_redis import RedisServer
 
     redis_dir = Path(tempfile.mkdtemp(prefix="redis-stream-bench-", dir=LOG_DIR))
     redis = RedisServer(_free_port(), data_dir=redis_dir)
     p_http, p_grpc, t_http, t_grpc = (_free_port() for _ in range(4))
-    predictor = _predictor_proc(model_dir, max_seqs, p_http, p_grpc)
+    predictor = _predictor_proc(model_dir, max_seqs, p_http, p_grpc, engine_cpus)
     transformer: Proc | None = None
     try:
         redis.start()
@@ -402,8 +406,9 @@ def _ours(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int)
         redis.stop()
 
 
-def _theirs(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int) -> None:
-    server = _vllm_server(model_dir, max_seqs, _free_port())
+def _theirs(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int,
+            engine_cpus: frozenset[int] | None) -> None:  # fmt: skip
+    server = _vllm_server(model_dir, max_seqs, _free_port(), engine_cpus)
     print("==> vLLM's own OpenAI server", flush=True)
     with server:
         run.vllm_start_s = server.start_s
@@ -415,12 +420,15 @@ def _order(cells: Sequence[Cell]) -> list[Cell]:
 
 
 def section(args: argparse.Namespace, run: Run, max_seqs: int, minutes: float,
-            loads: tuple[float, float]) -> str:
+            loads: tuple[float, float], split: CoreSplit | None = None) -> str:
     cells = _order(run.cells)
     lat = latency_table(cells)
     rat, missed = ratio_table(cells)
     cmd = (f"flock /tmp/semserve-heavy.lock semserve bench stream --concurrency {args.concurrency} "
-           f"--requests {args.requests} --max-tokens {args.max_tokens}")
+           f"--requests {args.requests} --max-tokens {args.max_tokens}"
+           + (f" --engine-cpus {args.engine_cpus}" if split is not None else ""))
+    cores = (f" Cores: {split.describe()}." if split is not None
+             else " Cores: every process on every CPU.")
     notes = "\n".join(f"- not met: {m}" for m in missed) or "- all goals met against direct"
     return (
         f"\n## Streaming miss through the transformer (gRPC hop) vs direct and vLLM "
@@ -435,7 +443,7 @@ def section(args: argparse.Namespace, run: Run, max_seqs: int, minutes: float,
         f"client sees it; ITL: per request (last content chunk - first) / (tokens - 1), then p50/p99 "
         f"over requests. Engine start: predictor {run.predictor_start_s:.0f} s, vLLM "
         f"{run.vllm_start_s:.0f} s. Shared machine: 1-min load average {loads[0]:.1f} at the start, "
-        f"{loads[1]:.1f} at the end.\n\n{lat}\n\nTransformer over reference (> 1: slower through the "
+        f"{loads[1]:.1f} at the end.{cores}\n\n{lat}\n\nTransformer over reference (> 1: slower through the "
         f"transformer):\n\n{rat}\n\n{notes}\n"
     )
 
@@ -453,11 +461,16 @@ def main(args: argparse.Namespace) -> int:
     # Both engines inherit the same compile caches and cache-relevant vLLM settings (warm starts).
     use_cache_dirs()
     run = Run()
-    _ours(run, model_dir, max_seqs, plan, args.max_tokens)
+    split = CoreSplit.of(args.engine_cpus) if args.engine_cpus else None
+    if split is not None:
+        split.pin_this_process()  # the transformer and Redis it starts inherit it
+        print(f"==> {split.describe()}", flush=True)
+    engine_cpus = split.engine if split is not None else None
+    _ours(run, model_dir, max_seqs, plan, args.max_tokens, engine_cpus)
     if not args.skip_vllm:
-        _theirs(run, model_dir, max_seqs, plan, args.max_tokens)
+        _theirs(run, model_dir, max_seqs, plan, args.max_tokens, engine_cpus)
     minutes = (time.monotonic() - started) / 60
-    text = section(args, run, max_seqs, minutes, (load_start, os.getloadavg()[0]))
+    text = section(args, run, max_seqs, minutes, (load_start, os.getloadavg()[0]), split)
     print(text)
     if args.output:
         with open(args.output, "a") as f:

@@ -79,8 +79,9 @@ class TransformerSettings(ServerSettings):
     speculate_unary: bool = setting(
         False,
         "With --speculate: requests that are not streamed speculate too, and a miss is answered from "
-        "its speculation. Measured with the transformer on a core of its own: a unary miss +6.3 ms over "
-        "a direct call instead of +13.1 ms, a semantic hit +1.4 ms (bench/RESULTS.md). Off by default: "
+        "its speculation. Measured with the transformer on a core of its own: a unary v2 miss +6.3-6.5 "
+        "ms over a direct call instead of +10.7-12.4 ms, a semantic hit +1.1-1.2 ms (bench/RESULTS.md, "
+        "Stop 38). Off by default: "
         "a unary answer waits for its whole generation, beside which the lookup is small, while every "
         "semantic hit would cost the predictor a cancelled prefill.",
     )
