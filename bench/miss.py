@@ -151,7 +151,7 @@ def main(args: argparse.Namespace) -> int:
 
     started, load_start = time.monotonic(), os.getloadavg()[0]
     rng = random.Random(args.seed)
-    split = CoreSplit.of(args.engine_cpus) if args.engine_cpus else None
+    split = CoreSplit.from_flag(args.engine_cpus)
     if split is not None:
         split.pin_this_process()  # the transformer and Redis it starts inherit it
         print(f"==> {split.describe()}" + (" (the running predictor: as it was started)" if args.predictor

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -65,6 +66,13 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
+def pinned(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """A preexec_fn that puts a child on `cpus` (None: where its parent is)."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 class Server:
     def __init__(
         self, name: str, cmd: list[str], base: str, ready_path: str, log: Path,
@@ -80,7 +88,7 @@ class Server:
         self.proc = subprocess.Popen(
             self.cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-            preexec_fn=(lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus is not None else None,
+            preexec_fn=pinned(self.cpus),
         )
         while True:
             if self.proc.poll() is not None:

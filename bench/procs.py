@@ -8,13 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from bench.predictor import ROOT
+from bench.predictor import ROOT, pinned
 
 LOG_DIR = ROOT / ".cache" / "bench-logs"
 
@@ -53,6 +52,17 @@ class CoreSplit:
             raise ValueError(f"engine CPUs {sorted(engine)} leave none of {sorted(allowed)} for the rest")
         return cls(engine, rest)
 
+    @classmethod
+    def from_flag(cls, engine_cpus: str | None) -> CoreSplit | None:
+        """`--engine-cpus` as the benches take it: None when not given; a bad list ends the bench
+        with its message (exit 2), before anything starts."""
+        if not engine_cpus:
+            return None
+        try:
+            return cls.of(engine_cpus)
+        except ValueError as e:
+            raise SystemExit(f"--engine-cpus: {e}") from None
+
     def pin_this_process(self) -> None:
         """This process, and every child it starts from now on unless told otherwise, on `rest`."""
         os.sched_setaffinity(0, self.rest)
@@ -64,13 +74,6 @@ class CoreSplit:
 
 def _cpu_list(cpus: frozenset[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
-
-
-def pinned(cpus: frozenset[int] | None) -> Callable[[], None] | None:
-    """A preexec_fn that puts a child on `cpus` (None: where its parent is)."""
-    if cpus is None:
-        return None
-    return lambda: os.sched_setaffinity(0, cpus)
 
 
 class Proc:

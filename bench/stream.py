@@ -461,7 +461,7 @@ def main(args: argparse.Namespace) -> int:
     # Both engines inherit the same compile caches and cache-relevant vLLM settings (warm starts).
     use_cache_dirs()
     run = Run()
-    split = CoreSplit.of(args.engine_cpus) if args.engine_cpus else None
+    split = CoreSplit.from_flag(args.engine_cpus)
     if split is not None:
         split.pin_this_process()  # the transformer and Redis it starts inherit it
         print(f"==> {split.describe()}", flush=True)

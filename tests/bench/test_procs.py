@@ -74,3 +74,9 @@ def test_a_pinned_server_runs_on_its_cpus(tmp_path: Path) -> None:
                 cpus=frozenset({first})) as server:  # fmt: skip
         assert server.proc is not None
         assert _cpus_of(server.proc.pid) == str(first)
+
+
+def test_a_bad_engine_cpus_flag_ends_the_bench_with_its_message() -> None:
+    assert CoreSplit.from_flag(None) is None
+    with pytest.raises(SystemExit, match="--engine-cpus: CPU list 'x'"):
+        CoreSplit.from_flag("x")
