@@ -264,8 +264,7 @@ class AnswerPipeline:
         if self.cache is None or not mode.used:
             metrics.LOOKUPS.labels(self.model, "bypass").inc()
             return AnswerStream("bypass", None, await self._metered(request, streamed))
-        speculate = streamed or self.settings.speculate_unary
-        speculation = self._speculation(request, key, mode) if speculate else None
+        speculation = self._speculation(request, key, mode, streamed)
         try:
             res = await self.lookup(key, mode, speculation.start if speculation is not None else None)
         except BaseException:
@@ -306,10 +305,15 @@ class AnswerPipeline:
             metrics.PREDICTOR_CALLS_SAVED.labels(self.model).inc()
         return AnswerStream("shared" if by_peer else status, similarity, pieces)
 
-    def _speculation(self, request: AnswerRequest, key: CacheRequest, mode: CacheMode) -> _Speculation | None:
+    def _speculation(
+        self, request: AnswerRequest, key: CacheRequest, mode: CacheMode, streamed: bool
+    ) -> _Speculation | None:
         """A speculation for this request, to start on an exact miss; None when it may not
-        speculate (off, no cache read, nothing to share, or a predictor not known to be warm)."""
-        if not self.settings.speculate or self.cache is None or not mode.read:
+        speculate (off, off for unary requests, no cache read, nothing to share, or a predictor not
+        known to be warm)."""
+        if not self.settings.speculate or not (streamed or self.settings.speculate_unary):
+            return None
+        if self.cache is None or not mode.read:
             return None
         last = self.predictor.last_answered
         if last is None or time.monotonic() - last > self.settings.speculate_warm_window_s:

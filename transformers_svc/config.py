@@ -81,13 +81,12 @@ class TransformerSettings(ServerSettings):
         "With --speculate: requests that are not streamed speculate too, and a miss is answered from "
         "its speculation. Measured with the transformer on a core of its own: a unary v2 miss +6.3-6.5 "
         "ms over a direct call instead of +10.7-12.4 ms, a semantic hit +1.1-1.2 ms (bench/RESULTS.md, "
-        "Stop 38). Off by default: "
-        "a unary answer waits for its whole generation, beside which the lookup is small, while every "
-        "semantic hit would cost the predictor a cancelled prefill.",
+        "Stop 38). Off by default: a unary answer waits for its whole generation, beside which the "
+        "lookup is small, while every semantic hit would cost the predictor a cancelled prefill.",
     )
     speculate_warm_window_s: float = setting(
         30.0,
-        "The predictor counts as warm, and streamed misses speculate, for this long after it last "
+        "The predictor counts as warm, and misses speculate, for this long after it last "
         "answered this transformer (any successful call); shorter than the predictor's "
         "scale-to-zero idle time.",
     )
