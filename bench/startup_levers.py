@@ -63,6 +63,13 @@ class Trial:
     tokens_per_s: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    # Files the start added to the compile cache: > 0 means it compiled what the copied cache
+    # lacked, so it was not a warm start (left out of the medians while a warm one exists).
+    cache_writes: int = 0
+
+    @property
+    def warm(self) -> bool:
+        return self.cache_writes == 0
 
 
 def vllm_phases(log: Path, wall_start: float) -> dict[str, float]:
@@ -130,9 +137,13 @@ class Levers:
             # its environment, this variable included, so the start must see what a warm-up saw.
             env["VLLM_CONFIGURE_LOGGING"] = "1"
         log = cs.LOG_DIR / f"lever-{name}-{rnd}.log"
+        files_before = cache_files(root)
         run, started = cs._measure(name, "warm", cmd, ready, lambda: cs._first_token(first, "llm"),
                                    log, env=env, keep=True)
-        trial = Trial(name, rnd, run.ready_s, run.ok, error=run.error)
+        trial = Trial(name, rnd, run.ready_s, run.ok, error=run.error,
+                      cache_writes=cache_files(root) - files_before)
+        if not trial.warm:
+            print(f"    not warm: it wrote {trial.cache_writes} files to the compile cache", flush=True)
         if started is None:
             trial.phases = run.phases
             return trial
@@ -168,8 +179,9 @@ class Levers:
             vs = [v for v in values if v is not None]
             return statistics.median(vs) if vs else None
 
-        by = {name: [t for t in self.trials if t.name == name and t.ok] for name in dict.fromkeys(
+        ran = {name: [t for t in self.trials if t.name == name and t.ok] for name in dict.fromkeys(
             t.name for t in self.trials)}
+        by = {name: warm_or_all(group) for name, group in ran.items()}
         vllm_ready = med(t.ready_s for t in by.get("vllm", []))
         vllm_tps = med(t.tokens_per_s for t in by.get("vllm", []))
         base_texts = next((t.texts for t in by.get("baseline", []) if t.texts), [])
@@ -185,7 +197,7 @@ class Levers:
         for name, group in by.items():
             ready = med(t.ready_s for t in group)
             tps = med(t.tokens_per_s for t in group)
-            each = ", ".join(f"{t.ready_s:.1f}" for t in group if t.ready_s is not None)
+            each = ", ".join(_each(t) for t in ran[name] if t.ready_s is not None)
             same_base = all(t.texts == base_texts for t in group) if base_texts else None
             vllm_texts = next((t.texts for t in by.get("vllm", []) if t.texts), [])
             same_vllm = all(t.texts == vllm_texts for t in group) if vllm_texts else None
@@ -200,9 +212,30 @@ class Levers:
                                                     cs.PHASE_EVENTS):
                     continue
                 rows.append(f"| {name} | {phase} | {_f(med(t.phases.get(phase) for t in group))} |")
+        if any(not t.warm for t in self.trials):
+            rows.append("\n(*) the start wrote files to the compile cache, so it compiled what the copied "
+                        "cache lacked: not a warm start, left out of the medians and the phases when "
+                        "the subject has a warm one.")
         failed = [t for t in self.trials if not t.ok]
         rows += [f"\nFailed: {t.name} round {t.round}: {t.error}" for t in failed]
         return "\n".join(rows)
+
+
+def cache_files(root: Path) -> int:
+    """Files under the private compile cache (what a start that compiles adds to)."""
+    from predictors.warm_start import count_files
+
+    return count_files([root])
+
+
+def warm_or_all(trials: list[Trial]) -> list[Trial]:
+    """The warm starts of one subject, or all of them when none was warm (the table marks them)."""
+    warm = [t for t in trials if t.warm]
+    return warm or trials
+
+
+def _each(t: Trial) -> str:
+    return f"{t.ready_s:.1f}" + ("" if t.warm else f"* ({t.cache_writes} files)")
 
 
 def _f(v: float | None) -> str:
