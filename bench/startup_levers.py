@@ -1,8 +1,10 @@
 """`semserve bench coldstart --variant NAME=FLAGS ...`: predictor start levers, each alone, in one run.
 
-Every start here is a warm one, on a private copy of a filled compile cache (`--cache-from`, by
-default `$SEMSERVE_CACHE_DIR`): vLLM's own server, our predictor with its defaults (the baseline),
-then each variant (the baseline plus that variant's flags), round after round. While a server is up
+Every start here is meant to be a warm one, on a private copy of a filled compile cache
+(`--cache-from`, by default `$SEMSERVE_CACHE_DIR`): vLLM's own server, our predictor with its
+defaults (the baseline), then each variant (the baseline plus that variant's flags), round after
+round. A start that adds files to that copy compiled what it lacked (e.g. vLLM's own server at
+flags the cache was never filled with): it is marked and left out of the medians. While a server is up
 it also gets, after its first answer:
 - a fixed prompt set at temperature 0 (`TEXT_PROMPTS`): its texts must equal the baseline's;
 - `semserve bench predictor`'s load at small settings (streamed chat, ignore_eos, fixed length):
