@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,10 +70,18 @@ class Cell:
     statuses: Counter[str] = field(default_factory=Counter)  # x-semserve-cache ("direct": none)
     errors: int = 0
     lookup_ms: float | None = None  # transformer cells: its mean cache lookup (from /metrics)
+    # Transformer cells: the transformer process's CPU time while its waves ran (nothing else
+    # reached it then), for what one of its cores can relay.
+    cpu_ms: float | None = None
 
     @property
     def summary(self) -> Summary:
         return summarize(self.samples)
+
+    @property
+    def cpu_ms_per_token(self) -> float:
+        tokens = sum(s.tokens for s in self.samples)
+        return self.cpu_ms / tokens if self.cpu_ms is not None and tokens else float("nan")
 
 
 @dataclass(frozen=True)
@@ -216,7 +224,17 @@ def waves(prompts: Sequence[str], size: int) -> list[list[str]]:
     return [list(prompts[i : i + size]) for i in range(0, len(prompts), size)]
 
 
-async def transformer_vs_direct(t_base: str, d_url: str, plan: Plan, max_tokens: int) -> list[Cell]:
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) the process `pid` has used so far."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def transformer_vs_direct(t_base: str, d_url: str, plan: Plan, max_tokens: int,
+                                cpu_s: Callable[[], float] | None = None) -> list[Cell]:
+    """`cpu_s`: the transformer's CPU seconds so far (its cells then report CPU per token)."""
     cells: list[Cell] = []
     t_url = f"{t_base}/openai/v1/chat/completions"
     for c in plan.levels:
@@ -232,7 +250,10 @@ async def transformer_vs_direct(t_base: str, d_url: str, plan: Plan, max_tokens:
             for i, (tw, dw) in enumerate(pairs):
                 steps = [(tc, t_url, tw, "miss"), (dc, d_url, dw, "direct")]
                 for cell, url, prompts, expected in steps if i % 2 == 0 else reversed(steps):
+                    cpu_before = cpu_s() if cpu_s is not None and cell is tc else None
                     await run_cell(cell, client, url, prompts, max_tokens, expected)
+                    if cpu_before is not None and cpu_s is not None:
+                        tc.cpu_ms = (tc.cpu_ms or 0.0) + (cpu_s() - cpu_before) * 1000
             tc.lookup_ms = stats.mean_ms(before, await stats.snapshot(), "semserve_cache_lookup_seconds_")
         for cell in (tc, dc):
             _progress(cell)
@@ -278,8 +299,8 @@ def _f(x: float, digits: int = 1) -> str:
 def latency_table(cells: Sequence[Cell]) -> str:
     rows = [
         "| target | concurrency | n | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tokens/chunk "
-        "| lookup mean ms | statuses / errors |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| lookup mean ms | transformer CPU ms/token | statuses / errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for cell in cells:
         s = cell.summary
@@ -289,7 +310,7 @@ def latency_table(cells: Sequence[Cell]) -> str:
         rows.append(f"| {cell.target} | {cell.concurrency} | {s.n} | {_f(s.ttft_p50_ms)} | "
                     f"{_f(s.ttft_p99_ms)} | {_f(s.itl_p50_ms, 2)} | {_f(s.itl_p99_ms, 2)} | "
                     f"{_f(s.tokens_per_chunk, 2)} | {_f(cell.lookup_ms or float('nan'), 2)} | "
-                    f"{note or '-'} |")
+                    f"{_f(cell.cpu_ms_per_token, 3)} | {note or '-'} |")
     return "\n".join(rows)
 
 
@@ -395,9 +416,12 @@ def _ours(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int,
         transformer = _transformer_proc(redis.url, p_grpc, t_http, t_grpc)
         transformer.start().wait_ready(300)
         print("==> transformer vs direct, alternating waves", flush=True)
+        assert transformer.proc is not None
+        pid = transformer.proc.pid
         run.cells += asyncio.run(transformer_vs_direct(
             f"http://127.0.0.1:{t_http}",
             f"http://127.0.0.1:{p_http}/openai/v1/chat/completions", plan, max_tokens,
+            lambda: process_cpu_s(pid),
         ))
     finally:
         if transformer is not None:
@@ -441,7 +465,9 @@ def section(args: argparse.Namespace, run: Run, max_seqs: int, minutes: float,
         f"vllm.entrypoints.openai.api_server` afterwards on the direct cell's prompts. Engine limits "
         f"for both: max_num_seqs {max_seqs}, max_model_len 2048. TTFT: first content chunk as the "
         f"client sees it; ITL: per request (last content chunk - first) / (tokens - 1), then p50/p99 "
-        f"over requests. Engine start: predictor {run.predictor_start_s:.0f} s, vLLM "
+        f"over requests. Transformer CPU ms/token: the transformer process's CPU time (all threads) during "
+        f"its own waves over the tokens of its answers (what one of its cores can relay: 1000 / that "
+        f"many tokens/s). Engine start: predictor {run.predictor_start_s:.0f} s, vLLM "
         f"{run.vllm_start_s:.0f} s. Shared machine: 1-min load average {loads[0]:.1f} at the start, "
         f"{loads[1]:.1f} at the end.{cores}\n\n{lat}\n\nTransformer over reference (> 1: slower through the "
         f"transformer):\n\n{rat}\n\n{notes}\n"
