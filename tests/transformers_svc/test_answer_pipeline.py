@@ -235,3 +235,46 @@ async def test_a_semantic_hit_cancels_the_speculation_counts_its_tokens_and_stor
         "semserve_speculation_cancelled_tokens_total", {"model_name": p.model}) == tokens + 1  # fmt: skip
     # Nothing of the cancelled stream was stored under the paraphrase's key.
     assert (await cache.lookup(p.key(ask().context, "completion", paraphrase))).status == "semantic"
+
+
+
+async def test_a_speculation_waits_for_its_lease_so_a_peers_generation_is_the_one_call(
+    redis_server: RedisServer, clean_redis: Any
+) -> None:
+    """Replica A generates a key (it holds the lease); replica B's streamed miss on the same key
+    speculates, and its speculation takes the lease before it calls the predictor: B serves A's
+    answer (`shared`) and never calls. (Calling first and taking the lease meanwhile took ~1.4 ms
+    off a streamed miss's first token on a busy core, but made a burst over R replicas R calls:
+    bench/RESULTS.md, "Stop 40".)"""
+    settings = make_settings(redis_server.url)
+    caches = []
+    for _ in range(2):
+        s = EntryStore.from_settings(settings)
+        await s.ensure_index()
+        caches.append(SemanticCache(s, HashingEmbedderDouble(), ThresholdVerifierDouble(0.8), settings))
+    release = asyncio.Event()
+
+    async def held(_: int) -> str:
+        await release.wait()
+        return "Paris."
+
+    leader, speculating = CountingGenerator(held), CountingGenerator(held)
+    speculating.last_answered = time.monotonic()  # warm: B's streamed miss speculates
+    prompt = "capital, a speculation beside a peer's lease"
+    first = asyncio.ensure_future(pipeline(caches[0], leader).answer(ask(prompt)))
+    for _ in range(300):  # until A holds the lease and generates
+        if leader.calls:
+            break
+        await asyncio.sleep(0.01)
+    used = speculations(pipeline(caches[1], speculating), "used")
+    second = asyncio.ensure_future(pipeline(caches[1], speculating).stream(ask(prompt)))
+    await asyncio.sleep(0.3)  # B's lookup has missed and its speculation waits on the lease
+    assert not second.done() and speculating.calls == 0
+    release.set()
+    s = await second
+    assert s.status == "shared" and "".join([piece.text async for piece in s]) == "Paris."
+    assert (await first).answer.text == "Paris."
+    assert speculating.calls == 0 and leader.calls == 1
+    assert speculations(pipeline(caches[1], speculating), "used") == used + 1  # it did speculate
+    for c in caches:
+        await c.close()
