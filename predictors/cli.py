@@ -24,10 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        settings = PredictorSettings.from_namespace(args)
-    except ValueError as exc:
-        raise SystemExit(f"semserve predictor: {exc}") from None
+    settings = PredictorSettings.from_namespace(args)  # a bad one: one line and exit 2 (semserve/cli.py)
     if settings.sleep_enabled:
         # Before anything loads: a setting this machine's vLLM cannot honour fails in seconds,
         # saying why, instead of after a minute of engine start.

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from semserve.config import SettingError
+
 # Each module has `register(subparsers)`, adding its subcommand(s) with `set_defaults(func=...)`.
 COMMAND_MODULES = [
     "semserve.commands.model",
@@ -46,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # kserve.model_server parses sys.argv when imported; our flags must not reach its parser.
     sys.argv = sys.argv[:1]
-    code = args.func(args)
+    try:
+        code = args.func(args)
+    except SettingError as exc:  # a bad env var or setting: one line, no traceback
+        print(f"semserve {args.command}: {exc}", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

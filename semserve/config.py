@@ -18,6 +18,7 @@ import dataclasses
 import os
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -25,6 +26,11 @@ T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+class SettingError(ValueError):
+    """A setting whose value cannot be used; the message names its env var or field. `semserve`
+    prints it as one line and exits 2, as argparse does for a bad flag."""
 
 
 def setting(
@@ -49,21 +55,40 @@ def _base_type(tp: Any) -> tuple[type, bool]:
     return tp, False
 
 
-def _convert(raw: str, tp: type, name: str) -> Any:
+def _convert(raw: str, tp: type) -> Any:
+    """`raw` (a flag's or env var's text) as `tp`; a ValueError says what was expected."""
     if tp is bool:
         low = raw.strip().lower()
         if low in _TRUE:
             return True
         if low in _FALSE:
             return False
-        raise ValueError(f"{name}: expected a boolean (true/false), got {raw!r}")
+        raise ValueError(f"expected a boolean (true/false), got {raw!r}")
     if tp is int:
-        return int(raw)
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
     if tp is float:
-        return float(raw)
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"expected a number, got {raw!r}") from None
     if tp is Path:
         return Path(raw).expanduser()
     return raw
+
+
+def _flag_type(tp: type) -> Callable[[str], Any]:
+    """argparse's `type` for a flag of type `tp`: argparse prints the message after the flag."""
+
+    def convert(raw: str) -> Any:
+        try:
+            return _convert(raw, tp)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
 
 
 @dataclasses.dataclass
@@ -93,7 +118,10 @@ class Settings:
         raw = os.environ.get(cls.env_name(f))
         if raw is None or raw == "":
             return f.default
-        return _convert(raw, tp, cls.env_name(f))
+        try:
+            return _convert(raw, tp)
+        except ValueError as exc:
+            raise SettingError(f"{cls.env_name(f)}: {exc}") from None
 
     @classmethod
     def add_arguments(
@@ -129,7 +157,7 @@ class Settings:
             if tp is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
             else:
-                kwargs["type"] = lambda raw, tp=tp, name=f.name: _convert(raw, tp, name)
+                kwargs["type"] = _flag_type(tp)
                 kwargs["metavar"] = tp.__name__.upper()
                 if meta.get("choices"):
                     kwargs["choices"] = meta["choices"]
@@ -158,8 +186,13 @@ class Settings:
             values[f.name] = given[dest] if dest in given else cls._env_default(f)
             choices = f.metadata.get("choices")
             if choices and values[f.name] not in choices:
-                raise ValueError(f"{cls.env_name(f)}: {values[f.name]!r} is not one of {choices}")
-        return cls(**values)
+                raise SettingError(f"{cls.env_name(f)}: {values[f.name]!r} is not one of {choices}")
+        try:
+            return cls(**values)
+        except SettingError:
+            raise
+        except ValueError as exc:  # a check of the settings' own (__post_init__)
+            raise SettingError(str(exc)) from None
 
     @classmethod
     def from_env(cls) -> Self:

@@ -24,14 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        settings = TransformerSettings.from_namespace(args)
-        cache_settings = CacheSettings.from_namespace(args, flag_prefix=PREFIXES["cache"])
-        embed_settings = EmbedderSettings.from_namespace(args, flag_prefix=PREFIXES["embed"])
-        verify_settings = VerifierSettings.from_namespace(args, flag_prefix=PREFIXES["verify"])
-        trace_settings = TracingSettings.from_namespace(args, flag_prefix=PREFIXES["trace"])
-    except ValueError as exc:  # a setting out of its range: one line, no traceback
-        raise SystemExit(f"semserve transformer: {exc}") from None
+    settings = TransformerSettings.from_namespace(args)
+    cache_settings = CacheSettings.from_namespace(args, flag_prefix=PREFIXES["cache"])
+    embed_settings = EmbedderSettings.from_namespace(args, flag_prefix=PREFIXES["embed"])
+    verify_settings = VerifierSettings.from_namespace(args, flag_prefix=PREFIXES["verify"])
+    trace_settings = TracingSettings.from_namespace(args, flag_prefix=PREFIXES["trace"])
     # Start phases overlap (bench/RESULTS.md, "Transformer start"): no garbage collection until
     # the server freezes what start built (SemserveModelServer.serve turns it back on; its passes
     # over ~2 000 modules' objects were ~0.3 s of the start), and the embedder's ONNX session

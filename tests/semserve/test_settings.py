@@ -40,6 +40,41 @@ def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> No
         parse([])
 
 
+@pytest.mark.parametrize(("var", "raw", "said"), [
+    ("SEMSERVE_PREDICTOR_HTTP_PORT", "eighty", "expected an integer, got 'eighty'"),
+    ("SEMSERVE_PREDICTOR_GPU_MEMORY_UTILIZATION", "most", "expected a number, got 'most'"),
+])
+def test_a_bad_number_in_an_env_var_is_a_setting_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, var: str, raw: str, said: str
+) -> None:
+    from semserve.config import SettingError
+
+    monkeypatch.setenv(var, raw)
+    with pytest.raises(SettingError, match=f"^{var}: {said}$"):
+        parse([])
+
+
+def test_a_settings_own_check_is_a_setting_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from semserve.config import SettingError
+
+    monkeypatch.setenv("SEMSERVE_PREDICTOR_OPENAI_ROUTE_PREFIX", "/openai/v1")
+    with pytest.raises(SettingError, match="give the part before /v1"):
+        parse([])
+
+
+def test_semserve_says_a_bad_setting_in_one_line_and_exits_2() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SEMSERVE_CACHE_TTL_SECONDS": "a day"}
+    done = subprocess.run([sys.executable, "-m", "semserve", "cache", "stats"], capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 2
+    said = "semserve cache: SEMSERVE_CACHE_TTL_SECONDS: expected an integer, got 'a day'"
+    assert done.stderr.strip() == said
+
+
 def test_readme_documents_every_predictor_setting() -> None:
     readme = (ROOT / "README.md").read_text()
     for line in PredictorSettings.markdown_table().splitlines()[2:]:
@@ -74,3 +109,9 @@ def test_readme_tables_are_the_output_of_semserve_settings() -> None:
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- settings:begin -->\n", 1)[1].split("<!-- settings:end -->", 1)[0]
     assert block == markdown(), "README settings are stale: paste the output of `semserve settings`"
+
+
+def test_a_bad_flag_value_says_what_was_expected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--http-port", "eighty"])
+    assert "argument --http-port/--http_port: expected an integer, got 'eighty'" in capsys.readouterr().err

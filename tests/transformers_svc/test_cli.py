@@ -1,4 +1,4 @@
-"""`semserve transformer` refuses a setting out of its range in one line naming it, not a traceback."""
+"""`semserve transformer` refuses a bad setting in one line naming it (exit 2), not a traceback."""
 
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Com
         ([], {"SEMSERVE_TRANSFORMER_CACHE_POLICY": "sometimes"},
          "SEMSERVE_TRANSFORMER_CACHE_POLICY: 'sometimes' is not one of"),
         ([], {"SEMSERVE_EMBED_BACKEND": "gpu"}, "SEMSERVE_EMBED_BACKEND: 'gpu' is not one of"),
+        ([], {"SEMSERVE_CACHE_KNN_K": "many"}, "SEMSERVE_CACHE_KNN_K: expected an integer, got 'many'"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_it(args: list[str], env: dict[str, str] | None, named: str) -> None:
     done = _start(args, env)
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("semserve transformer: "), done.stderr
