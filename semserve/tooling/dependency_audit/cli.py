@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import os
@@ -30,7 +31,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--package", action="append", default=None, metavar="NAME==VERSION", type=Dist.parse,
         help="audit these (repeatable) instead of the installed distributions",
     )
+    deps.add_argument(
+        "--as-of", default=None, metavar="YYYY-MM-DD", type=_day,
+        help="judge the exceptions' `until` dates as of this day (default: today), e.g. to "
+        "reproduce an earlier audit",
+    )
     deps.set_defaults(func=run_deps)
+
+
+def _day(raw: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a date YYYY-MM-DD, got {raw!r}") from None
 
 
 def run_deps(args: argparse.Namespace) -> int:
@@ -60,7 +73,7 @@ def run_deps(args: argparse.Namespace) -> int:
             last[0] = now
             log.info("audit_progress", queries_done=done, queries=total)
 
-    report = audit(dists, settings, policy, progress=progress)
+    report = audit(dists, settings, policy, today=args.as_of, progress=progress)
     data = report.as_dict()
     if settings.json is not None:
         settings.json.parent.mkdir(parents=True, exist_ok=True)

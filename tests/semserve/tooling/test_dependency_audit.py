@@ -224,8 +224,9 @@ def run_audit(
     policy_file.write_text(policy)
     report = tmp_path / "report.json"
     report.unlink(missing_ok=True)
+    # As of the day the policies were written for: a run that crosses midnight judges them the same.
     argv = ["--osv-url", osv, "--pypi-url", pypi, "--exceptions", str(policy_file), "--json", str(report),
-            "--timeout-s", "5", "--deadline-s", "20", *extra]
+            "--timeout-s", "5", "--deadline-s", "20", "--as-of", TODAY.isoformat(), *extra]
     for p in packages:
         argv += ["--package", p]
     capsys.readouterr()
@@ -330,10 +331,14 @@ def test_an_expired_exception_no_longer_applies(fake: FakeAdvisoryServer, tmp_pa
     assert r.code == 1, r.out
     assert "expired on" in r.out and "NOT EXCEPTED" in r.out
     assert r.report is not None and [i["id"] for i in r.report["exceptions"]["expired"]] == ["PYSEC-2099-1"]
-    # The last day it names still counts.
+    # The last day it names still counts; the day after, it does not.
     policy = _ignore("PYSEC-2099-1", "jinja2", TODAY)
     r = run_audit(capsys, tmp_path, ["jinja2==3.1.5"], osv=fake.url, pypi=fake.url, policy=policy)
     assert r.code == 0, r.out
+    tomorrow = (TODAY + dt.timedelta(days=1)).isoformat()
+    r = run_audit(capsys, tmp_path, ["jinja2==3.1.5"], osv=fake.url, pypi=fake.url, policy=policy,
+                  extra=("--as-of", tomorrow))  # fmt: skip
+    assert r.code == 1 and f"expired on {TODAY.isoformat()}" in r.out, r.out
 
 
 def test_a_withdrawn_advisory_is_ignored(fake: FakeAdvisoryServer, tmp_path: Path,
