@@ -1,6 +1,6 @@
 """The HTTP guard: pure ASGI middleware around the whole app that gives every request an id, holds
-the body limit, refuses new work while draining, counts what is in flight, cancels the handler of a
-client that goes away, and logs and traces each request."""
+the body limit, decodes a compressed body, refuses new work while draining, counts what is in
+flight, cancels the handler of a client that goes away, and logs and traces each request."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from semserve import tracing
 from semserve.logs import get_logger, request_id_var
+from semserve.serving.content_encoding import EncodingError, decode_body
 from semserve.serving.spans import UNTRACED_PATHS, end_http_span, http_span
 from semserve.serving.state import EXEMPT_PATHS, ServingState
 
@@ -80,6 +81,14 @@ class HttpGuard:
                 status_holder["status"] = 413
                 await _send_json(send, 413, _too_large(self.max_body_bytes), rid)
                 return
+            if headers.get("content-encoding"):
+                try:
+                    body = decode_body(body, headers["content-encoding"], self.max_body_bytes)
+                except EncodingError as exc:
+                    status_holder["status"] = exc.status
+                    await _send_json(send, exc.status, {"error": str(exc)}, rid)
+                    return
+                scope = _decoded_scope(scope, len(body))
             if not exempt:
                 self.state.enter()
             try:
@@ -167,6 +176,12 @@ class HttpGuard:
             status["status"] = 499  # nginx's "client closed request": nobody is left to answer
         finally:
             watcher.cancel()
+
+
+def _decoded_scope(scope: Scope, length: int) -> Scope:
+    """The request as the app sees it once its body is decoded: no content-encoding, its length."""
+    kept = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"content-encoding", b"content-length")]
+    return {**scope, "headers": [*kept, (b"content-length", str(length).encode())]}
 
 
 def _too_large(limit: int) -> dict[str, str]:

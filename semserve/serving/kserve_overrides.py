@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER
 from kserve.errors import InferenceError, InvalidInput, ModelNotFound
 from kserve.model_repository import ModelRepository
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+from kserve.protocol.rest.v2_datamodels import InferenceRequest
+from pydantic import ValidationError
 
 from semserve.errors import BadRequest
 from semserve.serving.state import ServingState
@@ -35,18 +38,34 @@ class ReadinessDataPlane(DataPlane):
         # TypeError/KeyError/ValueError on malformed input, e.g. a JSON header that is `null` or a
         # non-numeric inference-header-content-length; those are the client's error, a 400.
         if isinstance(body, bytes) and not (headers or {}).get(INFERENCE_CONTENT_LENGTH_HEADER):
-            # KServe's own message for this lacks a space ("the'inference-header-...").
-            raise BadRequest(
-                f"received binary tensor data, but the {INFERENCE_CONTENT_LENGTH_HEADER!r} header is "
-                "missing (send the body as JSON with content-type: application/json)",
-                INFERENCE_CONTENT_LENGTH_HEADER,
-            )
+            # Without the binary extension's header the body is JSON whatever its content type, as
+            # Triton reads it (tritonclient sends JSON with no content type, its aio client as
+            # octet-stream); FastAPI handed it over as bytes because of that content type.
+            body = _json_request(body)
         try:
             return super().decode_inference_request(body, headers, model_name)
         except (InferenceError, InvalidInput):
             raise
         except Exception as exc:
             raise InvalidInput(f"malformed inference request: {type(exc).__name__}: {exc}") from None
+
+
+def _json_request(body: bytes) -> InferenceRequest:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        # KServe's own message for this lacks a space ("the'inference-header-...").
+        raise BadRequest(
+            f"the body is not JSON, and for binary tensor data the {INFERENCE_CONTENT_LENGTH_HEADER!r} "
+            "header is missing (send JSON, or the binary extension with its header)",
+            INFERENCE_CONTENT_LENGTH_HEADER,
+        ) from None
+    try:
+        return InferenceRequest.model_validate(parsed)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise BadRequest(f"{where}: {first['msg']}" if where else first["msg"], where) from None
 
 
 class ServedModels(ModelRepositoryExtension):

@@ -33,6 +33,7 @@ from semserve.errors import SERVER_ERROR, codes_of, error_field, error_text
 from semserve.logs import get_logger
 from semserve.v2 import grpc_tensors as tensors
 from semserve.v2 import inference_pb2 as pb
+from semserve.v2.requested_outputs import keep_outputs, requested_outputs
 
 log = get_logger("semserve.v2")
 
@@ -57,6 +58,8 @@ class StreamingModel(Protocol):
     """A model that answers a v2 request as a series of responses, the last marked final."""
 
     name: str
+
+    async def output_names(self) -> list[str]: ...
 
     def infer_stream(
         self, request: InferRequest, headers: dict[str, str]
@@ -131,6 +134,7 @@ class InferenceService:
             if not isinstance(model, StreamingModel):
                 raise ModelNotFound(message.model_name)
             request = tensors.to_infer_request(message)
+            names = requested_outputs(request, await model.output_names())
             finished = False
             # Read to the end, not up to the final part: breaking out would close the model's
             # generator in its last step (vLLM counts that as an aborted request).
@@ -138,8 +142,8 @@ class InferenceService:
                 if finished:
                     continue
                 finished = part.final
-                await out.put(self._response(message, tensors.to_wire_response(part.response),
-                                             final=part.final and not empty_final))
+                wire = tensors.to_wire_response(keep_outputs(part.response, names))
+                await out.put(self._response(message, wire, final=part.final and not empty_final))
             if empty_final or not finished:
                 await out.put(self._response(message, pb.ModelInferResponse(), final=True))
         except asyncio.CancelledError:

@@ -16,6 +16,7 @@ from kserve import InferRequest, InferResponse
 from kserve.errors import InvalidInput
 from kserve.protocol.grpc.servicer import InferenceServicer
 
+from semserve.errors import BadRequest
 from semserve.v2 import inference_pb2 as pb
 
 # Little-endian numpy types of the fixed-size v2 datatypes (BYTES is length-prefixed instead).
@@ -114,6 +115,10 @@ def to_wire_response(response: InferResponse) -> pb.ModelInferResponse:
 
 
 def to_infer_request(message: pb.ModelInferRequest) -> InferRequest:
+    if message.model_version:
+        # As the REST route answers `/v2/models/{name}/versions/{v}/infer` (KServe's text): a pod
+        # serves one version of its model, and the metadata names none.
+        raise BadRequest("not supported by this server: Model versioning not supported yet.", "model_version")
     # KServe's own checks of raw vs typed inputs, then its conversion (it reads fields by name, so
     # our message type serves as well as its own).
     InferenceServicer.validate_grpc_request(message)  # type: ignore[arg-type]

@@ -8,12 +8,13 @@ dependency solving, pydantic validation of the body, KServe's decode/encode (eve
 numpy and back) and `jsonable_encoder`. This layer sits innermost (inside the guard, auth and
 CORS, so request ids, the body limit, draining, auth, spans, metrics and logs apply as before).
 
-It answers only what it parses completely: a JSON body (content-type application/json) whose keys
-are `inputs` (each with a string name and datatype, an integer shape, a JSON list of data and no
-parameters of its own) and optionally `id` (a string) and `parameters` (scalar values). Everything
-else goes to KServe's route unchanged, body included: other content types, the binary tensor
-extension, CloudEvents, requested `outputs`, FP16 inputs, invalid JSON (KServe's route answers it
-through the error table), a model that is not ready, any path but the served models' own.
+It answers only what it parses completely: a JSON body (any content type: without the binary
+extension's header the body is JSON, as Triton reads it) whose keys are `inputs` (each with a
+string name and datatype, an integer shape, a JSON list of data and no parameters of its own) and
+optionally `id` (a string) and `parameters` (scalar values). Everything else goes to KServe's route
+unchanged, body included: the binary tensor extension, CloudEvents, requested `outputs`, FP16
+inputs, invalid JSON (KServe's route answers it through the error table), a model that is not
+ready, any path but the served models' own.
 Errors of the model are answered from the error table (semserve/errors.py), as on KServe's route.
 """
 
@@ -113,14 +114,11 @@ def _parse(
     """The request as KServe's route would hand it to the model, or None where that route decides."""
     if messages[-1]["type"] != "http.request":
         return None
-    content_type = b""
-    for key, value in raw_headers:
+    # Without the binary extension's header the body is JSON, whatever its content type says, as
+    # Triton reads it: tritonclient sends a JSON body with no content type (aiohttp: octet-stream).
+    for key, _ in raw_headers:
         if key in _BYPASS_HEADERS or key.startswith(b"ce-"):
             return None
-        if key == b"content-type" and not content_type:
-            content_type = value
-    if content_type.split(b";", 1)[0].strip().lower() != b"application/json":
-        return None
     try:
         body = orjson.loads(b"".join(m.get("body", b"") for m in messages))
     except orjson.JSONDecodeError:

@@ -1,6 +1,6 @@
-"""The kserve.Models both services build on: V2Model answers only the v2 protocol (predict checks it,
-subclasses answer `infer`), TextModel adds the v2 text contract (semserve/v2/text_contract.py) in
-its metadata."""
+"""The kserve.Models both services build on: V2Model answers only the v2 protocol (predict checks
+it and keeps the outputs the request names; subclasses answer `infer`), TextModel adds the v2 text
+contract (semserve/v2/text_contract.py) in its metadata."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from kserve import InferRequest, InferResponse
 from kserve.errors import InvalidInput
 
 from semserve import v2
+from semserve.v2.requested_outputs import keep_outputs, requested_outputs
 
 
 class V2Model(kserve.Model):
@@ -22,7 +23,11 @@ class V2Model(kserve.Model):
     ) -> InferResponse:
         if not isinstance(payload, InferRequest):
             raise InvalidInput(f"this model speaks the v2 protocol: POST /v2/models/{self.name}/infer")
-        return await self.infer(payload, headers or {})
+        names = requested_outputs(payload, await self.output_names())
+        return keep_outputs(await self.infer(payload, headers or {}), names)
+
+    async def output_names(self) -> list[str]:
+        return [output["name"] for output in await self.get_output_types()]
 
     async def infer(self, payload: InferRequest, headers: dict[str, str]) -> InferResponse:
         raise NotImplementedError

@@ -10,6 +10,11 @@ prints one JSON object: what the client read. Scenarios:
 - aio:    the same requests through tritonclient.grpc.aio's stream_infer;
 - cancel: one long streamed request, cancelled (stop_stream(cancel_requests=True)) after its first
           piece; reports how many pieces arrived and how long the cancel took.
+- wire:   what a Triton user's client sends beyond the defaults, each case on its own: JSON bodies
+          (binary_data=False: no content type; the asyncio client's octet-stream), request bodies
+          compressed with gzip and deflate, requested output subsets (HTTP, gRPC, a stream), an
+          unknown requested output and a model version; args["prompt"]. Each case: its outputs
+          (name -> values) or its error.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
 
 MODEL = "llm"
 
@@ -179,7 +185,86 @@ def cancel(grpc_address: str, _: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"first": first, "cancel_seconds": time.monotonic() - started}
 
 
-SCENARIOS = {"unary": unary, "stream": stream, "aio": aio, "cancel": cancel}
+def _outputs(result: Any) -> dict[str, list[Any]]:
+    response = result.get_response()
+    names = [o["name"] for o in response["outputs"]] if isinstance(response, dict) else \
+        [o.name for o in response.outputs]
+    return {name: [v.decode() if isinstance(v, bytes) else (v if isinstance(v, str) else int(v))
+                   for v in result.as_numpy(name).reshape(-1)] for name in names}
+
+
+def _case(call: Any) -> dict[str, Any]:
+    try:
+        return {"outputs": _outputs(call())}
+    except Exception as exc:  # the client's exception is the case's answer
+        return {"error": str(exc)}
+
+
+def wire(grpc_address: str, http_address: str, args: dict[str, Any]) -> dict[str, Any]:
+    prompt = args["prompt"]
+    params = {"temperature": 0.0, "max_tokens": 8}
+    http = httpclient.InferenceServerClient(http_address)
+    grpc_client = grpcclient.InferenceServerClient(grpc_address)
+
+    def text(module: Any, binary: bool = True) -> Any:
+        tensor = module.InferInput("text_input", [1], "BYTES")
+        data = np.array([prompt.encode()], dtype=np.object_)
+        if module is grpcclient:
+            tensor.set_data_from_numpy(data)
+        else:
+            tensor.set_data_from_numpy(data, binary_data=binary)
+        return tensor
+
+    def http_infer(binary: bool = True, outputs: list[str] | None = None, **kwargs: Any) -> Any:
+        wanted = None if outputs is None else \
+            [httpclient.InferRequestedOutput(n, binary_data=binary) for n in outputs]
+        return http.infer(MODEL, [text(httpclient, binary)], parameters=params, outputs=wanted, **kwargs)
+
+    def grpc_infer(outputs: list[str] | None = None, **kwargs: Any) -> Any:
+        wanted = None if outputs is None else [grpcclient.InferRequestedOutput(n) for n in outputs]
+        return grpc_client.infer(MODEL, [text(grpcclient)], parameters=params, outputs=wanted, **kwargs)
+
+    def aio_infer(binary: bool, **kwargs: Any) -> Any:
+        async def run() -> Any:
+            client = httpaio.InferenceServerClient(http_address)
+            try:
+                return await client.infer(MODEL, [text(httpaio, binary)], parameters=params, **kwargs)
+            finally:
+                await client.close()
+
+        return asyncio.run(run())
+
+    def streamed_subset() -> Any:
+        events: queue.Queue[Any] = queue.Queue()
+        client = grpcclient.InferenceServerClient(grpc_address)
+        client.start_stream(callback=lambda result, error: events.put(error or result), stream_timeout=120)
+        client.async_stream_infer(MODEL, [text(grpcclient)], parameters=params, request_id="subset",
+                                  outputs=[grpcclient.InferRequestedOutput("finish_reason")])
+        event = events.get(timeout=120)
+        client.stop_stream()
+        if isinstance(event, Exception):
+            raise event
+        return event
+
+    return {
+        "json": _case(lambda: http_infer(binary=False, outputs=["text_output", "finish_reason"])),
+        "json_all_outputs": _case(lambda: http_infer(binary=False)),
+        "aio_json": _case(lambda: aio_infer(False)),
+        "aio_binary": _case(lambda: aio_infer(True)),
+        "aio_json_gzip": _case(lambda: aio_infer(False, request_compression_algorithm="gzip")),
+        "gzip": _case(lambda: http_infer(request_compression_algorithm="gzip",
+                                         response_compression_algorithm="gzip")),
+        "deflate": _case(lambda: http_infer(binary=False, request_compression_algorithm="deflate")),
+        "http_subset": _case(lambda: http_infer(outputs=["finish_reason"])),
+        "grpc_subset": _case(lambda: grpc_infer(outputs=["finish_reason", "text_output"])),
+        "stream_subset": _case(streamed_subset),
+        "http_unknown_output": _case(lambda: http_infer(outputs=["text_output", "logits"])),
+        "grpc_unknown_output": _case(lambda: grpc_infer(outputs=["logits"])),
+        "grpc_version": _case(lambda: grpc_infer(model_version="1")),
+    }
+
+
+SCENARIOS = {"unary": unary, "stream": stream, "aio": aio, "cancel": cancel, "wire": wire}
 
 if __name__ == "__main__":
     scenario, grpc_address, http_address, raw = sys.argv[1:5]
