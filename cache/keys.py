@@ -34,13 +34,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cache.schema import SCHEMA_VERSION
-from semserve.sampling import SamplingOptions
+from semserve.sampling import ADJUSTMENT_DEFAULTS, SamplingOptions
 
 Kind = Literal["chat", "completion", "v2"]
 KINDS: tuple[str, ...] = ("chat", "completion", "v2")
 
 # Characters NFKC keeps but that render as nothing; they would make identical-looking prompts differ.
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
+
+
+def _at_default(name: str, value: Any) -> bool:
+    return name in ADJUSTMENT_DEFAULTS and value == ADJUSTMENT_DEFAULTS[name]
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,8 @@ class SamplingKey:
         options (defaults filled in), so an omitted field and its explicit default key alike.
         Keys not named here go to `extra`, so they still count."""
         known = {f for f in cls.__dataclass_fields__ if f != "extra"}
-        extra = {k: v for k, v in options.items() if k not in known}
+        # An adjustment at its default changes nothing: it keys as if absent (as in from_options).
+        extra = {k: v for k, v in options.items() if k not in known and not _at_default(k, v)}
         kw = {k: v for k, v in options.items() if k in known}
         if isinstance(kw.get("stop"), list):
             kw["stop"] = tuple(kw["stop"])
@@ -81,6 +86,7 @@ class SamplingKey:
             stop=tuple(options.stop),
             seed=options.seed,
             ignore_eos=options.ignore_eos,
+            extra=options.adjustments() or None,
         )
 
     def canonical(self) -> dict[str, Any]:

@@ -51,10 +51,12 @@ class EngineDied(RuntimeError):
 
 @dataclass(frozen=True)
 class Prepared:
-    """A prompt checked against the context window, with its token ids."""
+    """A prompt checked against the context window, with its token ids, and its options as vLLM's
+    SamplingParams (built here, so vLLM's own checks answer 400 before any generation counts)."""
 
     token_ids: list[int]
     options: SamplingOptions
+    params: Any
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,7 @@ class Engine:
                 f"of {self.max_model_len} tokens",
                 "max_tokens",
             )
-        return Prepared(ids, options)
+        return Prepared(ids, options, self._params(options))
 
     async def tokens(self, prompt: str) -> list[int]:
         """The prompt's token ids (no special tokens added: chat templates carry their own)."""
@@ -292,19 +294,30 @@ class Engine:
 
     def _params(self, options: SamplingOptions) -> Any:
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
-        return SamplingParams(
-            max_tokens=options.max_tokens,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            top_k=options.top_k,
-            seed=options.seed,
-            stop=list(options.stop) or None,
-            ignore_eos=options.ignore_eos,
-            # Deltas even for whole answers: time to first token is measured for every request.
-            output_kind=RequestOutputKind.DELTA,
-        )
+        try:
+            return SamplingParams(
+                max_tokens=options.max_tokens,
+                temperature=options.temperature,
+                top_p=options.top_p,
+                top_k=options.top_k,
+                seed=options.seed,
+                stop=list(options.stop) or None,
+                ignore_eos=options.ignore_eos,
+                presence_penalty=options.presence_penalty,
+                frequency_penalty=options.frequency_penalty,
+                repetition_penalty=options.repetition_penalty,
+                min_p=options.min_p,
+                min_tokens=options.min_tokens,
+                # Deltas even for whole answers: time to first token is measured for every request.
+                output_kind=RequestOutputKind.DELTA,
+            )
+        except VLLMClientError as exc:
+            # semserve.sampling checks what vLLM checks; this is for a check a later vLLM adds.
+            field = getattr(exc, "parameter", None) or "sampling_parameters"
+            raise BadRequest(str(exc.args[0]) if exc.args else str(exc), field) from None
 
     async def generate(
         self, prepared: Prepared, request_id: str, protocol: str, operation: str = "text_completion"
@@ -352,7 +365,7 @@ class Engine:
             async with self._awake():
                 generator = self.llm.generate(
                     TokensPrompt(prompt_token_ids=prepared.token_ids),
-                    self._params(prepared.options),
+                    prepared.params,
                     engine_id,
                 )
                 async for out in generator:

@@ -92,7 +92,7 @@ class _SamplingFields(_Encodable):
     # `json_schema_extra` documents in the OpenAPI document what `unsupported()` and `sampling()`
     # accept (so clients and schemathesis send it); validation stays where it is.
     max_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
-    temperature: float | None = None
+    temperature: float | None = Field(None, json_schema_extra={"minimum": 0, "maximum": 2})
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
@@ -101,8 +101,12 @@ class _SamplingFields(_Encodable):
     n: int = Field(1, json_schema_extra={"enum": [1]})
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, json_schema_extra={"minimum": -2, "maximum": 2})
+    frequency_penalty: float | None = Field(None, json_schema_extra={"minimum": -2, "maximum": 2})
+    # vLLM's extensions of OpenAI's sampling fields, as its server takes them.
+    repetition_penalty: float | None = Field(None, json_schema_extra={"exclusiveMinimum": 0})
+    min_p: float | None = Field(None, json_schema_extra={"minimum": 0, "maximum": 1})
+    min_tokens: int | None = Field(None, json_schema_extra={"minimum": 0})
     logprobs: Any = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
@@ -110,10 +114,6 @@ class _SamplingFields(_Encodable):
     def unsupported(self) -> None:
         if self.n != 1:
             raise BadRequest("n must be 1 (one choice per prompt)", "n")
-        if self.presence_penalty not in (None, 0, 0.0):
-            raise BadRequest("presence_penalty is not supported", "presence_penalty")
-        if self.frequency_penalty not in (None, 0, 0.0):
-            raise BadRequest("frequency_penalty is not supported", "frequency_penalty")
         if self.logprobs not in (None, False, 0):
             raise BadRequest("logprobs is not supported", "logprobs")
         if self.logit_bias:
@@ -132,6 +132,11 @@ class _SamplingFields(_Encodable):
             "seed": self.seed,
             "stop": self.stop,
             "ignore_eos": self.ignore_eos,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "min_p": self.min_p,
+            "min_tokens": self.min_tokens,
         }
         return parse_sampling(params)
 

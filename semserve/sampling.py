@@ -18,14 +18,37 @@ class SamplingOptions:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    # vLLM's, as its OpenAI server takes them (the last three are its extensions of OpenAI's API).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop"] = list(self.stop)
         return d
 
+    def adjustments(self) -> dict[str, float | int]:
+        """The options of ADJUSTMENT_DEFAULTS set away from their defaults: what a cache key must
+        add to the first seven (an answer stored before they existed keys as it did)."""
+        set_now = {k: getattr(self, k) for k in ADJUSTMENT_DEFAULTS}
+        return {k: v for k, v in set_now.items() if v != ADJUSTMENT_DEFAULTS[k]}
 
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+
+ADJUSTMENT_DEFAULTS: dict[str, float | int] = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+}
+SAMPLING_KEYS = (
+    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", *ADJUSTMENT_DEFAULTS,
+)
+_INTEGERS = ("max_tokens", "top_k", "seed", "min_tokens")
+_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 
 
 def _number(name: str, value: Any, kind: type) -> Any:
@@ -61,9 +84,9 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
         if key not in params or params[key] is None:
             continue
         raw = params[key]
-        if key in ("max_tokens", "top_k", "seed"):
+        if key in _INTEGERS:
             values[key] = _number(key, raw, int)
-        elif key in ("temperature", "top_p"):
+        elif key in _FLOATS:
             values[key] = _number(key, raw, float)
         elif key == "ignore_eos":
             if isinstance(raw, str) and raw.lower() in ("true", "false"):
@@ -85,15 +108,8 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
             except UnicodeEncodeError:  # a lone surrogate from JSON ("\ud800")
                 raise BadRequest("stop strings must be valid UTF-8", key) from None
             values[key] = raw
-    opts = SamplingOptions(
-        max_tokens=values["max_tokens"],
-        temperature=values["temperature"],
-        top_p=values["top_p"],
-        top_k=values["top_k"],
-        seed=values["seed"],
-        stop=tuple(values["stop"]),
-        ignore_eos=values["ignore_eos"],
-    )
+    values["stop"] = tuple(values["stop"])
+    opts = SamplingOptions(**values)
     check(opts)
     return opts
 
@@ -101,11 +117,23 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
 def check(opts: SamplingOptions) -> None:
     if opts.max_tokens <= 0:
         raise BadRequest(f"max_tokens must be > 0, got {opts.max_tokens}", "max_tokens")
-    if opts.temperature < 0:
-        raise BadRequest(f"temperature must be >= 0, got {opts.temperature}", "temperature")
+    if not 0 <= opts.temperature <= 2:  # OpenAI's range, and vLLM's
+        raise BadRequest(f"temperature must be in [0, 2], got {opts.temperature}", "temperature")
     if not 0 < opts.top_p <= 1:
         raise BadRequest(f"top_p must be in (0, 1], got {opts.top_p}", "top_p")
     if opts.top_k == 0 or opts.top_k < -1:
         raise BadRequest(f"top_k must be -1 (off) or >= 1, got {opts.top_k}", "top_k")
     if opts.seed is not None and not 0 <= opts.seed < 2**63:
         raise BadRequest("seed must be a non-negative 64-bit integer", "seed")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2 <= getattr(opts, name) <= 2:
+            raise BadRequest(f"{name} must be in [-2, 2], got {getattr(opts, name)}", name)
+    if not opts.repetition_penalty > 0:
+        name = "repetition_penalty"
+        raise BadRequest(f"{name} must be > 0, got {opts.repetition_penalty}", name)
+    if not 0 <= opts.min_p <= 1:
+        raise BadRequest(f"min_p must be in [0, 1], got {opts.min_p}", "min_p")
+    if not 0 <= opts.min_tokens <= opts.max_tokens:
+        raise BadRequest(
+            f"min_tokens must be in [0, max_tokens ({opts.max_tokens})], got {opts.min_tokens}", "min_tokens"
+        )

@@ -9,6 +9,7 @@ import pytest
 from cache import keys
 from cache.keys import CacheRequest, SamplingKey
 from cache.schema import SCHEMA_VERSION, IndexSchema
+from semserve.sampling import SamplingOptions
 
 from .conftest import chat
 
@@ -119,6 +120,22 @@ def test_sampling_from_mapping() -> None:
     b = SamplingKey.from_mapping({**opts, "repetition_penalty": 1.2})
     assert b.extra == {"repetition_penalty": 1.2}
     assert keys.fingerprint(chat("q", sampling=a)) != keys.fingerprint(chat("q", sampling=b))
+    # An adjustment at its default keys as if absent: answers stored before it existed stay found.
+    assert SamplingKey.from_mapping({**opts, "repetition_penalty": 1.0, "min_tokens": 0}) == a
+
+
+def test_adjusted_options_key_apart_and_defaults_key_as_before() -> None:
+    plain = SamplingOptions(max_tokens=16, temperature=0)
+    assert SamplingKey.from_options(plain).extra is None
+    fingerprints = {keys.fingerprint(chat("q", sampling=SamplingKey.from_options(o))) for o in (
+        plain,
+        SamplingOptions(max_tokens=16, temperature=0, presence_penalty=0.5),
+        SamplingOptions(max_tokens=16, temperature=0, frequency_penalty=0.5),
+        SamplingOptions(max_tokens=16, temperature=0, repetition_penalty=1.3),
+        SamplingOptions(max_tokens=16, temperature=0, min_p=0.1),
+        SamplingOptions(max_tokens=16, temperature=0, min_tokens=4),
+    )}  # fmt: skip
+    assert len(fingerprints) == 6
 
 
 @pytest.mark.parametrize(
@@ -157,3 +174,11 @@ def test_hostile_scope_tags_are_plain_hex_distinct_and_in_their_own_domain() -> 
                                        keys.fingerprint(req)}  # fmt: skip
     # The tenant and fingerprint are JSON-framed: moving characters between them changes the digest.
     assert keys.scope_tag_from_fingerprint("ab", "c") != keys.scope_tag_from_fingerprint("a", "bc")
+
+
+def test_the_key_of_a_plain_request_is_the_one_stored_entries_carry() -> None:
+    # Written before the adjustments (penalties, min_p, min_tokens) existed: an entry persisted by
+    # an earlier version is still found. A change here empties every deployed cache.
+    sampling = SamplingKey.from_options(SamplingOptions(max_tokens=32, temperature=0))
+    req = CacheRequest("tenant-a", "llm", "chat", "What is the capital of France?", sampling=sampling)
+    assert keys.exact_key(req) == "de148e9f355b230c0adc2a86c4b6c16435a8c4a7e01dbf393f2561017cbe6d11"

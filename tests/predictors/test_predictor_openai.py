@@ -94,7 +94,13 @@ def test_sse_wire_format(predictor: Predictor) -> None:
         ({"model": "llm", "messages": QUESTION, "max_tokens": 100000}, 400, "max_tokens"),
         ({"model": "llm", "messages": QUESTION, "temperature": -0.5}, 400, "temperature"),
         ({"model": "llm", "messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
+        # vLLM's engine refuses it too; it answered 500 before (found by schemathesis).
+        ({"model": "llm", "messages": QUESTION, "temperature": 2.5}, 400, "temperature must be in [0, 2]"),
         ({"model": "llm", "messages": QUESTION, "n": 3}, 400, "n must be 1"),
+        ({"model": "llm", "messages": QUESTION, "presence_penalty": 2.5}, 400, "presence_penalty must be"),
+        ({"model": "llm", "messages": QUESTION, "repetition_penalty": 0}, 400, "repetition_penalty must"),
+        ({"model": "llm", "messages": QUESTION, "min_p": 2}, 400, "min_p must be in [0, 1]"),
+        ({"model": "llm", "messages": QUESTION, "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens must"),
         ({"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
         ({"model": "llm", "messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context"),
     ],
@@ -118,3 +124,16 @@ def test_openai_client_raises_typed_errors(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="other", messages=QUESTION)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="llm", messages=QUESTION, max_tokens=-1)
+
+
+def test_vllm_s_sampling_extensions_reach_the_engine(client: openai.OpenAI) -> None:
+    # The one-sentence answer ends long before 24 tokens; min_tokens holds the end (and the stop
+    # string) back until 24 tokens are out. Penalties and min_p are taken as vLLM's server takes them.
+    plain = client.chat.completions.create(model="llm", messages=QUESTION, temperature=0, max_tokens=48)
+    assert plain.usage.completion_tokens < 24, plain
+    held = client.chat.completions.create(
+        model="llm", messages=QUESTION, temperature=0, max_tokens=48, stop=["."],
+        presence_penalty=0.1, frequency_penalty=0.1,
+        extra_body={"min_tokens": 24, "repetition_penalty": 1.05, "min_p": 0.05},
+    )  # fmt: skip
+    assert held.usage.completion_tokens >= 24, held

@@ -95,6 +95,13 @@ def test_sampling_parameters_and_system_prompt_change_the_key(transformer: Trans
     assert chat(transformer, q).headers["x-semserve-cache"] == "exact"
     assert chat(transformer, q, max_tokens=25).headers["x-semserve-cache"] == "miss"
     assert chat(transformer, q, seed=3).headers["x-semserve-cache"] == "miss"
+    # vLLM's penalties, min_p and min_tokens change the answer: each keys apart, then hits itself.
+    for adjustment in ({"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repetition_penalty": 1.2},
+                       {"min_p": 0.1}, {"min_tokens": 2}):  # fmt: skip
+        assert chat(transformer, q, **adjustment).headers["x-semserve-cache"] == "miss", adjustment
+        assert chat(transformer, q, **adjustment).headers["x-semserve-cache"] == "exact", adjustment
+    # At its default an adjustment is no adjustment: the plain request's entry.
+    assert chat(transformer, q, repetition_penalty=1.0, min_tokens=0).headers["x-semserve-cache"] == "exact"
     with_system = {"model": "llm", "temperature": 0, "max_tokens": 24, "messages": [
         {"role": "system", "content": "Answer in French."}, {"role": "user", "content": q}]}
     r = httpx.post(f"{transformer.openai_base}/chat/completions", json=with_system, timeout=120)

@@ -1,0 +1,31 @@
+"""The predictor's engine turns validated sampling options into vLLM's SamplingParams; a check that
+only vLLM makes (one a later vLLM adds) is still the client's error: a 400 naming vLLM's parameter,
+never a 500. semserve.sampling checks first, so the options here are built past it."""
+
+from __future__ import annotations
+
+import pytest
+
+from predictors.engine import Engine
+from semserve.errors import BadRequest
+from semserve.sampling import SamplingOptions
+
+
+def engine() -> Engine:
+    return object.__new__(Engine)  # no model: building SamplingParams needs none
+
+
+def test_every_option_reaches_vllm() -> None:
+    options = SamplingOptions(max_tokens=9, temperature=0.5, top_p=0.9, top_k=5, seed=3, stop=("x",),
+                              ignore_eos=True, presence_penalty=0.1, frequency_penalty=0.2,
+                              repetition_penalty=1.1, min_p=0.05, min_tokens=2)  # fmt: skip
+    params = engine()._params(options)
+    for name, value in options.to_dict().items():
+        assert getattr(params, name) == value, name
+
+
+def test_a_check_only_vllm_makes_is_a_400_naming_its_parameter() -> None:
+    with pytest.raises(BadRequest) as caught:
+        engine()._params(SamplingOptions(temperature=5.0))
+    assert caught.value.field == "temperature"
+    assert "temperature must be in [0, 2]" in str(caught.value)

@@ -1,0 +1,66 @@
+"""semserve.sampling: the sampling options every protocol maps onto. vLLM's penalties, min_p and
+min_tokens are parsed with vLLM's ranges, a 400 naming the field outside them, and only those set
+away from their defaults count as adjustments (what a cache key adds for them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from semserve.errors import BadRequest
+from semserve.sampling import ADJUSTMENT_DEFAULTS, SamplingOptions, parse_sampling
+
+
+def test_defaults_are_vllm_s_and_adjust_nothing() -> None:
+    options = parse_sampling({})
+    assert {k: getattr(options, k) for k in ADJUSTMENT_DEFAULTS} == ADJUSTMENT_DEFAULTS
+    assert options.adjustments() == {}
+    assert parse_sampling(dict(ADJUSTMENT_DEFAULTS)).adjustments() == {}
+
+
+@pytest.mark.parametrize(
+    ("params", "adjusted"),
+    [
+        ({"presence_penalty": 0.5}, {"presence_penalty": 0.5}),
+        ({"frequency_penalty": "-1.5"}, {"frequency_penalty": -1.5}),  # v2 string parameters
+        ({"repetition_penalty": 2}, {"repetition_penalty": 2.0}),
+        ({"repetition_penalty": 1}, {}),  # its default, as an int
+        ({"repetition_penalty": 1.3, "min_p": 0.1}, {"repetition_penalty": 1.3, "min_p": 0.1}),
+        ({"min_tokens": 4, "max_tokens": 4}, {"min_tokens": 4}),
+        ({"min_tokens": 4.0}, {"min_tokens": 4}),
+        ({"presence_penalty": None}, {}),
+    ],
+)
+def test_adjustments_parsed(params: dict[str, Any], adjusted: dict[str, Any]) -> None:
+    options = parse_sampling(params)
+    assert options.adjustments() == adjusted
+    assert {k: v for k, v in options.to_dict().items() if k in adjusted} == adjusted
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "message"),
+    [
+        ({"temperature": 2.5}, "temperature", "temperature must be in [0, 2], got 2.5"),
+        ({"temperature": -0.1}, "temperature", "temperature must be in [0, 2]"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be in [-2, 2], got 2.5"),
+        ({"frequency_penalty": -3}, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty must be > 0, got 0.0"),
+        ({"repetition_penalty": "x"}, "repetition_penalty", "repetition_penalty must be a number, got 'x'"),
+        ({"min_p": 1.01}, "min_p", "min_p must be in [0, 1]"),
+        ({"min_p": True}, "min_p", "min_p must be a number, got bool"),
+        ({"min_tokens": -1}, "min_tokens", "min_tokens must be in [0, max_tokens (128)], got -1"),
+        ({"min_tokens": 9, "max_tokens": 8}, "min_tokens", "min_tokens must be in [0, max_tokens (8)]"),
+        ({"min_tokens": 1.5}, "min_tokens", "min_tokens must be an integer"),
+    ],
+)
+def test_out_of_range_is_a_400_naming_the_field(params: dict[str, Any], field: str, message: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_sampling(params)
+    assert caught.value.field == field
+    assert message in str(caught.value)
+
+
+def test_to_dict_round_trips() -> None:
+    options = SamplingOptions(max_tokens=9, temperature=0.0, stop=("a",), presence_penalty=0.2, min_tokens=3)
+    assert parse_sampling(options.to_dict()) == options
