@@ -3,6 +3,7 @@
 - text_contract: the text tensor contract (inputs, outputs, parameters; parse and build);
   its names are re-exported here, so `from semserve import v2` then `v2.parse_request(...)`
 - text_model: the kserve.Models that answer only v2 (V2Model) and carry the text contract (TextModel)
+- requested_outputs: the outputs a request names, the only ones that come back
 - rest_infer: v2 REST infer for the served models in an owned route (KServe's for the rest)
 - generate_routes: Triton's generate / generate_stream extension over HTTP
 - grpc_service: `inference.GRPCInferenceService` as Triton serves it (ModelInfer, ModelStreamInfer)
