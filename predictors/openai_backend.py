@@ -50,7 +50,7 @@ class PredictorOpenAI:
         rid, created = oa.new_id("cmpl"), oa.now()
         self._label(ctx)
         if req.stream:
-            return self._stream_completion(prepared, rid, created, ctx, req.include_usage)
+            return self._stream_completion(prepared, rid, created, ctx, req.usage_report)
         answers = await self.engine.answers(prepared, ctx.request_id, PROTOCOL)
         return oa.completion(
             rid,
@@ -68,15 +68,16 @@ class PredictorOpenAI:
         rid: str,
         created: int,
         ctx: OpenAIHttpCall,
-        include_usage: bool,
+        usage: oa.UsageReport,
     ) -> AsyncIterator[oa.Completion]:
         totals = {"prompt": sum(len(p.token_ids) for p in prepared), "completion": [0] * len(prepared)}
         async for index, piece in merge_streams(
             [self.engine.generate(p, f"{ctx.request_id}-{i}", PROTOCOL) for i, p in enumerate(prepared)]
         ):
             totals["completion"][index] = piece.completion_tokens
-            yield oa.completion_chunk(rid, self.name, created, index, piece.text, piece.finish_reason)
-        if include_usage:
+            so_far = usage.so_far(piece.prompt_tokens, piece.completion_tokens)
+            yield oa.completion_chunk(rid, self.name, created, index, piece.text, piece.finish_reason, so_far)
+        if usage.final:
             yield oa.completion_usage_chunk(
                 rid, self.name, created, totals["prompt"], sum(totals["completion"])
             )
@@ -91,7 +92,7 @@ class PredictorOpenAI:
         rid, created = oa.new_id("chatcmpl"), oa.now()
         self._label(ctx)
         if req.stream:
-            return self._stream_chat(prepared, rid, created, ctx, req.include_usage)
+            return self._stream_chat(prepared, rid, created, ctx, req.usage_report)
         answer = await self.engine.answer(prepared, ctx.request_id, PROTOCOL, "chat")
         return oa.chat_completion(
             rid,
@@ -104,18 +105,23 @@ class PredictorOpenAI:
         )
 
     async def _stream_chat(
-        self, prepared: Prepared, rid: str, created: int, ctx: OpenAIHttpCall, include_usage: bool
+        self, prepared: Prepared, rid: str, created: int, ctx: OpenAIHttpCall, usage: oa.UsageReport
     ) -> AsyncIterator[oa.ChatCompletionChunk]:
+        prompt_tokens = len(prepared.token_ids)
+
+        def chunk(content: str | None, finish_reason: str | None = None, *, role: bool = False,
+                  completion_tokens: int = 0) -> oa.ChatCompletionChunk:  # fmt: skip
+            so_far = usage.so_far(prompt_tokens, completion_tokens)
+            return oa.chat_chunk(rid, self.name, created, content, finish_reason, role, so_far, usage.final)
+
         # OpenAI sends the role first, in a chunk of its own with empty content.
-        yield oa.chat_chunk(rid, self.name, created, "", role=True)
+        yield chunk("", role=True)
         completion_tokens = 0
         async for piece in self.engine.generate(prepared, ctx.request_id, PROTOCOL, "chat"):
             completion_tokens = piece.completion_tokens
             if piece.text:
-                yield oa.chat_chunk(rid, self.name, created, piece.text)
+                yield chunk(piece.text, completion_tokens=completion_tokens)
             if piece.finish_reason:
-                yield oa.chat_chunk(rid, self.name, created, None, finish_reason=piece.finish_reason)
-        if include_usage:
-            yield oa.chat_usage_chunk(
-                rid, self.name, created, len(prepared.token_ids), completion_tokens
-            )
+                yield chunk(None, piece.finish_reason, completion_tokens=completion_tokens)
+        if usage.final:
+            yield oa.chat_usage_chunk(rid, self.name, created, prompt_tokens, completion_tokens)

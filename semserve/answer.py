@@ -94,14 +94,16 @@ _WORDS = re.compile(r"\S+\s*|\s+")
 
 
 def replay(answer: Answer) -> list[Piece]:
-    """A cached answer as the pieces of a generation; the last carries the finish reason and counts."""
+    """A cached answer as the pieces of a generation; the last carries the finish reason and the
+    answer's counts. Stored answers keep no token boundaries, so the completion tokens so far of
+    the pieces before are the answer's spread over its pieces (rising, never past the total)."""
     texts = _WORDS.findall(answer.text) or [""]
     last = len(texts) - 1
     return [
         Piece(
             text=t,
             finish_reason=answer.finish_reason if i == last else None,
-            completion_tokens=answer.completion_tokens if i == last else 0,
+            completion_tokens=answer.completion_tokens * (i + 1) // len(texts),
             prompt_tokens=answer.prompt_tokens,
             model_revision=answer.model_revision,
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,6 +46,21 @@ FinishReason = Literal["stop", "length"]
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk also carries the usage so far.
+    continuous_usage_stats: bool = False
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """Where a stream reports usage: in a last chunk of its own (`final`, OpenAI's include_usage),
+    and in every chunk as it goes (`continuous`, vLLM's continuous_usage_stats)."""
+
+    final: bool = False
+    continuous: bool = False
+
+    def so_far(self, prompt_tokens: int, completion_tokens: int) -> CompletionUsage | None:
+        """A chunk's usage: the counts so far when continuous, else None (null on the wire)."""
+        return usage(prompt_tokens, completion_tokens) if self.continuous else None
 
 
 class _Encodable(BaseModel):
@@ -145,7 +161,13 @@ class _SamplingFields(_Encodable):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
+        return self.usage_report.final
+
+    @property
+    def usage_report(self) -> UsageReport:
+        options = self.stream_options or StreamOptions()
+        # vLLM's continuous_usage_stats counts only with include_usage, as vLLM's server reads it.
+        return UsageReport(options.include_usage, options.include_usage and options.continuous_usage_stats)
 
 
 def _prompt_schema(schema: dict[str, Any]) -> None:
@@ -354,7 +376,8 @@ def completion(
 
 
 def completion_chunk(
-    rid: str, model: str, created: int, index: int, text: str, finish_reason: str | None
+    rid: str, model: str, created: int, index: int, text: str, finish_reason: str | None,
+    usage_so_far: CompletionUsage | None = None,
 ) -> Completion:
     # Streaming completions reuse the Completion type; finish_reason is null until the last piece,
     # which the pydantic type allows only through model_construct.
@@ -363,7 +386,8 @@ def completion_chunk(
         logprobs=None,
     )
     return Completion.model_construct(
-        id=rid, object="text_completion", created=created, model=model, choices=[choice], usage=None
+        id=rid, object="text_completion", created=created, model=model, choices=[choice],
+        usage=usage_so_far,  # null but with continuous usage (vLLM's continuous_usage_stats)
     )
 
 
@@ -404,8 +428,13 @@ def chat_chunk(
     content: str | None,
     finish_reason: str | None = None,
     role: bool = False,
+    usage_so_far: CompletionUsage | None = None,
+    with_usage: bool = False,
 ) -> ChatCompletionChunk:
     delta = ChoiceDelta(role="assistant" if role else None, content=content)
+    # `with_usage` (the request's include_usage): the field is set, null but on the last chunk
+    # unless usage is continuous, as OpenAI documents it; left out otherwise.
+    usage_field = {"usage": usage_so_far} if with_usage else {}
     return ChatCompletionChunk(
         id=rid,
         object="chat.completion.chunk",
@@ -416,6 +445,7 @@ def chat_chunk(
                 index=0, delta=delta, finish_reason=_finish(finish_reason) if finish_reason else None
             )
         ],
+        **usage_field,
     )
 
 

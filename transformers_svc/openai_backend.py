@@ -50,14 +50,15 @@ def _cache_headers(http: openai_routes.OpenAIHttpCall, status: str, similarity: 
 class Formatter:
     """How answers and the pieces of a generation become one OpenAI response or stream."""
 
-    def __init__(self, model: str, rid: str, created: int, include_usage: bool) -> None:
+    def __init__(self, model: str, rid: str, created: int, usage: oa.UsageReport) -> None:
         self.model, self.rid, self.created = model, rid, created
-        self.include_usage = include_usage
+        self.usage_report = usage
 
     def whole(self, answers: list[Answer]) -> Any:
         raise NotImplementedError
 
-    def start(self) -> Any:
+    def start(self, first: Piece | None) -> Any:
+        """The chunk before the first piece (`first`, when it is known by then), if any."""
         return None
 
     def piece(self, piece: Piece) -> list[Any]:
@@ -73,18 +74,25 @@ class ChatFormatter(Formatter):
         return oa.chat_completion(self.rid, self.model, self.created, a.text, a.finish_reason,
                                   a.prompt_tokens, a.completion_tokens)
 
-    def start(self) -> Any:
+    def start(self, first: Piece | None) -> Any:
         # OpenAI sends the role first, in a chunk of its own with empty content.
-        return oa.chat_chunk(self.rid, self.model, self.created, "", role=True)
+        so_far = self.usage_report.so_far(first.prompt_tokens, 0) if first is not None else None
+        return self._chunk("", None, so_far, role=True)
 
     def piece(self, piece: Piece) -> list[Any]:
+        so_far = self.usage_report.so_far(piece.prompt_tokens, piece.completion_tokens)
         out = []
         if piece.text:
-            out.append(oa.chat_chunk(self.rid, self.model, self.created, piece.text))
+            out.append(self._chunk(piece.text, None, so_far))
         if piece.finish_reason:
-            out.append(oa.chat_chunk(self.rid, self.model, self.created, None,
-                                     finish_reason=piece.finish_reason))
+            out.append(self._chunk(None, piece.finish_reason, so_far))
         return out
+
+    def _chunk(
+        self, content: str | None, finish_reason: str | None, so_far: Any, *, role: bool = False
+    ) -> Any:
+        return oa.chat_chunk(self.rid, self.model, self.created, content, finish_reason, role, so_far,
+                             self.usage_report.final)  # fmt: skip
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
         return oa.chat_usage_chunk(self.rid, self.model, self.created, prompt_tokens, completion_tokens)
@@ -101,7 +109,9 @@ class CompletionFormatter(Formatter):
         )
 
     def piece(self, piece: Piece) -> list[Any]:
-        return [oa.completion_chunk(self.rid, self.model, self.created, 0, piece.text, piece.finish_reason)]
+        so_far = self.usage_report.so_far(piece.prompt_tokens, piece.completion_tokens)
+        return [oa.completion_chunk(self.rid, self.model, self.created, 0, piece.text, piece.finish_reason,
+                                    so_far)]  # fmt: skip
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
         return oa.completion_usage_chunk(self.rid, self.model, self.created, prompt_tokens,
@@ -179,7 +189,7 @@ class TransformerOpenAI:
         await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         ask = AnswerRequest(r.ctx, "chat", req.prompt())
-        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.include_usage)
+        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report)
         if req.stream:
             return await self._stream(r, ask, fmt)
         return self._whole(r, [await self._answer(ask)], fmt)
@@ -188,7 +198,7 @@ class TransformerOpenAI:
         await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         prompts = req.prompts
-        fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.include_usage)
+        fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.usage_report)
         if req.stream:
             if len(prompts) != 1:
                 raise BadRequest("streaming takes one prompt per request here", "prompt")
@@ -234,12 +244,16 @@ class TransformerOpenAI:
         code, error = 200, None
         try:
             try:
-                opening = fmt.start()
+                piece = first
+                if piece is None and fmt.usage_report.continuous:
+                    # Its usage so far names the prompt's tokens, which the first piece brings.
+                    piece = await anext(pieces, None)
+                opening = fmt.start(piece)
                 if opening is not None:
                     yield opening
                 # The last piece comes once the answer is stored (so that a request that follows
                 # finds it, through any replica).
-                piece = first if first is not None else await anext(pieces, None)
+                piece = piece if piece is not None else await anext(pieces, None)
                 while piece is not None:
                     seen.append(piece)
                     for chunk in fmt.piece(piece):
@@ -248,7 +262,7 @@ class TransformerOpenAI:
             finally:
                 await pieces.aclose()
             answer = answer_of(seen)
-            if fmt.include_usage:
+            if fmt.usage_report.final:
                 yield fmt.usage(answer.prompt_tokens, answer.completion_tokens)
         except BaseException as exc:  # the client left (cancelled), or a failure mid-stream
             code, error = status_of(exc), error_text(exc)

@@ -127,3 +127,44 @@ def test_openai_errors_name_the_field_and_models_have_a_creation_time(transforme
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     cards = httpx.get(f"{transformer.openai_base}/models", timeout=10).json()["data"]
     assert cards[0]["created"] > 1_700_000_000
+
+
+def _sse_chunks(base: str, route: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    with httpx.stream("POST", f"{base}/{route}", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        lines = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]], r.headers.get("x-semserve-cache", "")
+
+
+def _counted(chunks: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    return [(c["usage"]["prompt_tokens"], c["usage"]["completion_tokens"]) for c in chunks if c["choices"]]
+
+
+def test_continuous_usage_rises_chunk_by_chunk_on_misses_and_hits(
+    transformer: Transformer, predictor: Predictor
+) -> None:
+    # vLLM's `continuous_usage_stats`: with include_usage, every chunk carries the usage so far; the
+    # last chunk the whole request's. Without it, OpenAI's include_usage: the field is null but last.
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": unique("Name a river.")}]
+    continuous = {"include_usage": True, "continuous_usage_stats": True}
+    for route, body in (
+        ("chat/completions", {"model": "llm", "messages": messages, "temperature": 0, "max_tokens": 12}),
+        ("completions", {"model": "llm", "prompt": unique("The longest river is"), "temperature": 0,
+                         "max_tokens": 12}),
+    ):  # fmt: skip
+        body = {**body, "stream_options": continuous}
+        direct, _ = _sse_chunks(predictor.openai_base, route, body)
+        whole = direct[-1]["usage"]
+        for expected_cache in ("miss", "exact"):
+            chunks, cache = _sse_chunks(transformer.openai_base, route, body)
+            assert cache == expected_cache
+            for served in (direct, chunks):
+                counted = _counted(served)
+                assert counted and all(p == whole["prompt_tokens"] for p, _ in counted), (route, counted)
+                completions = [n for _, n in counted]
+                assert completions == sorted(completions) and completions[-1] == whole["completion_tokens"]
+                assert served[-1]["choices"] == [] and served[-1]["usage"] == whole
+        final_only, _ = _sse_chunks(transformer.openai_base, route,
+                                    {**body, "stream_options": {"include_usage": True}})  # fmt: skip
+        assert all(c["usage"] is None for c in final_only[:-1]) and final_only[-1]["usage"] == whole
