@@ -15,6 +15,7 @@ from semserve import tracing
 from semserve.errors import ServingError
 from semserve.openai_protocol import error_body
 from semserve.serving import EXEMPT_PATHS, CallInterceptor, StreamCall, UnaryCall
+from semserve.serving.grpc_guard import PROBES
 from transformers_svc.auth import Authenticator, tenant_var
 
 
@@ -74,7 +75,7 @@ class GrpcAuth(CallInterceptor):
         self.auth = auth
 
     def wrap(self, method: str, metadata_items: tuple[Any, ...], inner: UnaryCall) -> UnaryCall | None:
-        if method.endswith(("/ServerLive", "/ServerReady")):
+        if method.endswith(PROBES):
             return None
         metadata = {k.lower(): v for k, v in metadata_items if isinstance(v, str)}
 

@@ -2,6 +2,7 @@
 
 - state: the drain flag and in-flight count (ServingState), paths that are never work
 - http_guard / grpc_guard: what every HTTP request and gRPC call goes through
+- grpc_health: gRPC's standard health service, answered from readiness
 - content_encoding: request bodies sent with gzip or deflate, decoded under the body limit
 - spans: their server spans
 - errors: HTTP error answers from the error table (semserve/errors.py)

@@ -21,6 +21,10 @@ from semserve.serving.state import ServingState
 
 log = get_logger("semserve.serving")
 
+# Probes: never refused, counted, logged, traced or asked for a key (as the HTTP probes), or a
+# draining pod, or a kubelet without an API key, could not be told its state.
+PROBES = ("/ServerLive", "/ServerReady", "/grpc.health.v1.Health/Check")
+
 UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
 StreamCall = Callable[[AsyncIterator[Any], aio.ServicerContext], AsyncIterator[Any]]
 
@@ -85,12 +89,12 @@ class GrpcGuard(CallInterceptor):
     def wrap(self, method: str, metadata_items: tuple[Any, ...], inner: UnaryCall) -> UnaryCall:
         metadata = dict(metadata_items)
         rid = str(metadata.get("x-request-id") or uuid.uuid4().hex)
-        probe = method.endswith(("/ServerLive", "/ServerReady"))
+        probe = method.endswith(PROBES)
 
         async def call(request: Any, context: aio.ServicerContext) -> Any:
             token = request_id_var.set(rid)
             try:
-                if probe:  # never refused, counted, logged or traced (as the HTTP probes)
+                if probe:
                     return await inner(request, context)
                 async with self._guard("grpc_request", method, metadata, rid, context) as guarded:
                     response = await inner(request, context)

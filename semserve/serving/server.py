@@ -30,10 +30,12 @@ from semserve.config import ServerSettings
 from semserve.logs import get_logger
 from semserve.serving.errors import install_error_handlers
 from semserve.serving.grpc_guard import GrpcGuard
+from semserve.serving.grpc_health import add_health
 from semserve.serving.http_guard import HttpGuard
 from semserve.serving.kserve_overrides import ReadinessDataPlane, ServedModels
 from semserve.serving.state import ServingState
 from semserve.v2 import grpc_service
+from semserve.v2.grpc_reflection import add_reflection
 from semserve.v2.rest_infer import V2RestInfer
 
 log = get_logger("semserve.serving")
@@ -243,6 +245,8 @@ class SemserveModelServer(kserve.ModelServer):
                 self.dataplane, InferenceServicer(self.dataplane, self.model_repository_extension)
             ),
         ))
+        add_health(server, self.dataplane.ready, (grpc_service.SERVICE,))
+        add_reflection(server)
         address = f"{self.host}:{self.grpc_port}"
         if server.add_insecure_port(address) == 0:
             raise OSError(f"cannot bind gRPC to {address} (port in use?)")

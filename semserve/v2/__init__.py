@@ -8,6 +8,7 @@
 - generate_routes: Triton's generate / generate_stream extension over HTTP
 - grpc_service: `inference.GRPCInferenceService` as Triton serves it (ModelInfer, ModelStreamInfer)
 - grpc_tensors: between its wire messages (inference.proto, inference_pb2) and KServe's objects
+- grpc_reflection: server reflection describing that service as served (grpcurl)
 
 Error answers on every route come from semserve/errors.py's table.
 """
