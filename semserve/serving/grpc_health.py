@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_interceptor.exceptions import GrpcException
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -40,7 +41,8 @@ class ReadinessHealth(health_pb2_grpc.HealthServicer):
     ) -> health_pb2.HealthCheckResponse:
         status = await self._status(request.service)
         if status == SERVICE_UNKNOWN:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+            # Raised, not `context.abort`: KServe's interceptor logs an abort as an internal error.
+            raise GrpcException(f"unknown service {request.service!r}", grpc.StatusCode.NOT_FOUND)
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(
