@@ -224,6 +224,17 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart] | None = None
     name: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        # Said here, or pydantic's union error reads "Input should be a valid string" for an image.
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(f"part {i} has type {kind!r}: this model takes text only (type 'text')")
+        return value
+
     @property
     def text(self) -> str:
         if self.content is None:

@@ -102,6 +102,9 @@ def test_sse_wire_format(predictor: Predictor) -> None:
         ({"model": "llm", "messages": QUESTION, "min_p": 2}, 400, "min_p must be in [0, 1]"),
         ({"model": "llm", "messages": QUESTION, "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens must"),
         ({"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+        ({"model": "llm", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]}]},
+         400, "messages.0.content: part 1 has type 'image_url': this model takes text only"),
         ({"model": "llm", "messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context"),
     ],
 )
