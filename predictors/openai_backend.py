@@ -12,11 +12,12 @@ from predictors.config import PredictorSettings
 from predictors.engine import Engine, Prepared
 from semserve import openai_protocol as oa
 from semserve import tracing
-from semserve.errors import BadRequest, NotFound
+from semserve.errors import NotFound
 from semserve.openai_routes import MODEL_REVISION_HEADER, OpenAIHttpCall
 from semserve.streams import merge_streams
 
 PROTOCOL = "openai"
+
 
 
 class PredictorOpenAI:
@@ -44,9 +45,9 @@ class PredictorOpenAI:
         self._check_model(req.model)
         options = req.sampling(self.settings.default_max_tokens)
         prompts = req.prompts
-        if len(prompts) > self.settings.max_batch_size:
-            raise BadRequest(f"at most {self.settings.max_batch_size} prompts per request", "prompt")
-        prepared = [await self.engine.prepare(p, options) for p in prompts]
+        req.check_choices(len(prompts), self.settings.max_batch_size)
+        # Prompt by prompt, its n choices together (vLLM's order: choice index = prompt * n + j).
+        prepared = [await self.engine.prepare(p, o) for p in prompts for o in req.choices(options)]
         rid, created = oa.new_id("cmpl"), oa.now()
         self._label(ctx)
         if req.stream:
@@ -58,7 +59,7 @@ class PredictorOpenAI:
             created,
             [a.text for a in answers],
             [a.finish_reason for a in answers],
-            sum(a.prompt_tokens for a in answers),
+            sum(a.prompt_tokens for a in answers[:: req.n]),  # each prompt once, as vLLM counts
             sum(a.completion_tokens for a in answers),
         )
 
@@ -88,20 +89,21 @@ class PredictorOpenAI:
         self._check_model(req.model)
         options = req.sampling(self.settings.default_max_tokens)
         prompt = self.engine.render_chat(req.prompt())
-        prepared = await self.engine.prepare(prompt, options, field="messages")
+        req.check_choices(1, self.settings.max_batch_size)
+        prepared = [await self.engine.prepare(prompt, o, field="messages") for o in req.choices(options)]
         rid, created = oa.new_id("chatcmpl"), oa.now()
         self._label(ctx)
-        if req.stream:
-            return self._stream_chat(prepared, rid, created, ctx, req.usage_report)
-        answer = await self.engine.answer(prepared, ctx.request_id, PROTOCOL, "chat")
+        if req.stream:  # n is 1 (oa's unsupported())
+            return self._stream_chat(prepared[0], rid, created, ctx, req.usage_report)
+        answers = await self.engine.answers(prepared, ctx.request_id, PROTOCOL, "chat")
         return oa.chat_completion(
             rid,
             self.name,
             created,
-            answer.text,
-            answer.finish_reason,
-            answer.prompt_tokens,
-            answer.completion_tokens,
+            [a.text for a in answers],
+            [a.finish_reason for a in answers],
+            answers[0].prompt_tokens,
+            sum(a.completion_tokens for a in answers),
         )
 
     async def _stream_chat(

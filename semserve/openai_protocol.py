@@ -114,7 +114,7 @@ class _SamplingFields(_Encodable):
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
-    n: int = Field(1, json_schema_extra={"enum": [1]})
+    n: int = Field(1, json_schema_extra={"minimum": 1})
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, json_schema_extra={"minimum": -2, "maximum": 2})
@@ -128,8 +128,10 @@ class _SamplingFields(_Encodable):
     user: str | None = None
 
     def unsupported(self) -> None:
-        if self.n != 1:
-            raise BadRequest("n must be 1 (one choice per prompt)", "n")
+        if self.n < 1:
+            raise BadRequest(f"n must be >= 1, got {self.n}", "n")
+        if self.n > 1 and self.stream:
+            raise BadRequest("n > 1 is not supported with stream: true (send n streamed requests)", "n")
         if self.logprobs not in (None, False, 0):
             raise BadRequest("logprobs is not supported", "logprobs")
         if self.logit_bias:
@@ -155,6 +157,19 @@ class _SamplingFields(_Encodable):
             "min_tokens": self.min_tokens,
         }
         return parse_sampling(params)
+
+    def check_choices(self, prompts: int, max_batch_size: int) -> None:
+        """Prompts times choices is what runs at once: a 400 past --max-batch-size."""
+        if prompts * self.n <= max_batch_size:
+            return
+        if self.n == 1:
+            raise BadRequest(f"at most {max_batch_size} prompts per request", "prompt")
+        what = f"{prompts} prompts x n={self.n}" if prompts > 1 else f"n={self.n}"
+        raise BadRequest(f"at most {max_batch_size} choices per request ({what})", "n")
+
+    def choices(self, options: SamplingOptions) -> list[SamplingOptions]:
+        """The sampling options of each of the `n` choices (see SamplingOptions.for_choice)."""
+        return [options.for_choice(i) for i in range(self.n)]
 
     def effective_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -412,9 +427,10 @@ def completion_usage_chunk(
 
 
 def chat_completion(
-    rid: str, model: str, created: int, text: str, finish_reason: str, prompt_tokens: int,
+    rid: str, model: str, created: int, texts: list[str], finish_reasons: list[str], prompt_tokens: int,
     completion_tokens: int,
 ) -> ChatCompletion:
+    """One choice per text (OpenAI's `n`); usage counts the prompt once and every choice's tokens."""
     return ChatCompletion(
         id=rid,
         object="chat.completion",
@@ -422,11 +438,12 @@ def chat_completion(
         model=model,
         choices=[
             ChatChoice(
-                index=0,
+                index=i,
                 message=ChatCompletionMessage(role="assistant", content=text),
-                finish_reason=_finish(finish_reason),
+                finish_reason=_finish(reason),
                 logprobs=None,
             )
+            for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True))
         ],
         usage=usage(prompt_tokens, completion_tokens),
     )

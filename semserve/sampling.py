@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from semserve.errors import BadRequest
@@ -29,6 +29,14 @@ class SamplingOptions:
         d = asdict(self)
         d["stop"] = list(self.stop)
         return d
+
+    def for_choice(self, index: int) -> SamplingOptions:
+        """The options of choice `index` of a request for several (OpenAI's `n`): a seed becomes
+        seed + index, as vLLM's parallel sampling seeds its children, so seeded choices differ and
+        each stays reproducible (and cacheable) on its own; unseeded ones are unchanged."""
+        if self.seed is None or index == 0:
+            return self
+        return replace(self, seed=(self.seed + index) % 2**63)
 
     def adjustments(self) -> dict[str, float | int]:
         """The options of ADJUSTMENT_DEFAULTS set away from their defaults: what a cache key must

@@ -70,9 +70,10 @@ class Formatter:
 
 class ChatFormatter(Formatter):
     def whole(self, answers: list[Answer]) -> oa.ChatCompletion:
-        [a] = answers
-        return oa.chat_completion(self.rid, self.model, self.created, a.text, a.finish_reason,
-                                  a.prompt_tokens, a.completion_tokens)
+        # One answer per choice (OpenAI's n) of one prompt: its tokens counted once.
+        return oa.chat_completion(self.rid, self.model, self.created, [a.text for a in answers],
+                                  [a.finish_reason for a in answers], answers[0].prompt_tokens,
+                                  sum(a.completion_tokens for a in answers))  # fmt: skip
 
     def start(self, first: Piece | None) -> Any:
         # OpenAI sends the role first, in a chunk of its own with empty content.
@@ -99,12 +100,17 @@ class ChatFormatter(Formatter):
 
 
 class CompletionFormatter(Formatter):
+    def __init__(self, model: str, rid: str, created: int, usage: oa.UsageReport, n: int = 1) -> None:
+        super().__init__(model, rid, created, usage)
+        self.n = n
+
     def whole(self, answers: list[Answer]) -> oa.Completion:
+        # Prompt by prompt, its n choices together: each prompt's tokens counted once.
         return oa.completion(
             self.rid, self.model, self.created,
             [a.text for a in answers],
             [a.finish_reason for a in answers],
-            sum(a.prompt_tokens for a in answers),
+            sum(a.prompt_tokens for a in answers[:: self.n]),
             sum(a.completion_tokens for a in answers),
         )
 
@@ -188,24 +194,25 @@ class TransformerOpenAI:
     async def _chat(self, r: _Request, req: oa.ChatCompletionRequest) -> Any:
         await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
-        ask = AnswerRequest(r.ctx, "chat", req.prompt())
+        req.check_choices(1, self.settings.max_batch_size)
+        asks = [AnswerRequest(ctx, "chat", req.prompt()) for ctx in r.ctx.choices(req.n)]
         fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report)
-        if req.stream:
-            return await self._stream(r, ask, fmt)
-        return self._whole(r, [await self._answer(ask)], fmt)
+        if req.stream:  # n is 1 (oa's unsupported())
+            return await self._stream(r, asks[0], fmt)
+        return self._whole(r, await asyncio.gather(*(self._answer(a) for a in asks)), fmt)
 
     async def _completions(self, r: _Request, req: oa.CompletionRequest) -> Any:
         await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         prompts = req.prompts
-        fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.usage_report)
+        fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.usage_report, req.n)
         if req.stream:
             if len(prompts) != 1:
                 raise BadRequest("streaming takes one prompt per request here", "prompt")
             return await self._stream(r, AnswerRequest(r.ctx, "completion", prompts[0]), fmt)
-        if len(prompts) > self.settings.max_batch_size:
-            raise BadRequest(f"at most {self.settings.max_batch_size} prompts per request", "prompt")
-        asks = [AnswerRequest(r.ctx, "completion", p) for p in prompts]
+        req.check_choices(len(prompts), self.settings.max_batch_size)
+        # Prompt by prompt, its n choices together (vLLM's order: choice index = prompt * n + j).
+        asks = [AnswerRequest(ctx, "completion", p) for p in prompts for ctx in r.ctx.choices(req.n)]
         return self._whole(r, await asyncio.gather(*(self._answer(a) for a in asks)), fmt)
 
     # -- whole answers ------------------------------------------------------------------------------

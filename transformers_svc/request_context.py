@@ -44,6 +44,18 @@ class RequestContext:
     def with_sampling(self, sampling: SamplingOptions) -> RequestContext:
         return replace(self, sampling=sampling)
 
+    def choices(self, n: int) -> list[RequestContext]:
+        """The contexts of the `n` choices of this request (OpenAI's n): seeded ones seed + index
+        (SamplingOptions.for_choice), each its own cache entry. Unseeded sampled choices after the
+        first read and write no cache: they are draws of their own, never the first one's answer
+        (a policy that caches sampled answers would serve it to all, or single flight share it).
+        Greedy ones are the same request, shared."""
+        contexts = [self.with_sampling(self.sampling.for_choice(i)) for i in range(n)]
+        if self.sampling.seed is None and self.sampling.temperature > 0:
+            own_draw = self.cache_control | {"no-cache", "no-store"}
+            contexts[1:] = [replace(c, cache_control=own_draw) for c in contexts[1:]]
+        return contexts
+
     def seconds(self) -> float:
         return time.monotonic() - self.started
 

@@ -96,7 +96,9 @@ def test_sse_wire_format(predictor: Predictor) -> None:
         ({"model": "llm", "messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
         # vLLM's engine refuses it too; it answered 500 before (found by schemathesis).
         ({"model": "llm", "messages": QUESTION, "temperature": 2.5}, 400, "temperature must be in [0, 2]"),
-        ({"model": "llm", "messages": QUESTION, "n": 3}, 400, "n must be 1"),
+        ({"model": "llm", "messages": QUESTION, "n": 0}, 400, "n must be >= 1, got 0"),
+        ({"model": "llm", "messages": QUESTION, "n": 2, "stream": True}, 400, "n > 1 is not supported"),
+        ({"model": "llm", "messages": QUESTION, "n": 65}, 400, "at most 64 choices per request (n=65)"),
         ({"model": "llm", "messages": QUESTION, "presence_penalty": 2.5}, 400, "presence_penalty must be"),
         ({"model": "llm", "messages": QUESTION, "repetition_penalty": 0}, 400, "repetition_penalty must"),
         ({"model": "llm", "messages": QUESTION, "min_p": 2}, 400, "min_p must be in [0, 1]"),
@@ -140,3 +142,25 @@ def test_vllm_s_sampling_extensions_reach_the_engine(client: openai.OpenAI) -> N
         extra_body={"min_tokens": 24, "repetition_penalty": 1.05, "min_p": 0.05},
     )  # fmt: skip
     assert held.usage.completion_tokens >= 24, held
+
+
+def test_n_choices(client: openai.OpenAI, predictor: Predictor) -> None:
+    one = client.chat.completions.create(model="llm", messages=QUESTION, temperature=0, max_tokens=12)
+    three = client.chat.completions.create(model="llm", messages=QUESTION, temperature=0, max_tokens=12, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert all("Paris" in (c.message.content or "") for c in three.choices), three
+    # The prompt once, every choice's tokens (as vLLM counts n).
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert one.usage.completion_tokens < three.usage.completion_tokens <= 3 * 12
+    seeded = client.chat.completions.create(model="llm", messages=QUESTION, temperature=1.0, seed=11,
+                                            max_tokens=12, n=2)  # fmt: skip
+    assert len(seeded.choices) == 2
+    # Completions: prompt by prompt, its n choices together.
+    prompts = ["The capital of France is", "The capital of Italy is"]
+    both = client.completions.create(model="llm", prompt=prompts, temperature=0, max_tokens=4, n=2)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert ["Paris" in c.text for c in both.choices] == [True, True, False, False], both
+    assert all("Rome" in c.text for c in both.choices[2:]), both
+    r = httpx.post(f"{predictor.openai_base}/completions", timeout=60, json={
+        "model": "llm", "prompt": ["a b", "c d"], "max_tokens": 2, "n": 33})
+    assert r.status_code == 400 and "at most 64 choices per request (2 prompts x n=33)" in r.text

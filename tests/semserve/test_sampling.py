@@ -64,3 +64,11 @@ def test_out_of_range_is_a_400_naming_the_field(params: dict[str, Any], field: s
 def test_to_dict_round_trips() -> None:
     options = SamplingOptions(max_tokens=9, temperature=0.0, stop=("a",), presence_penalty=0.2, min_tokens=3)
     assert parse_sampling(options.to_dict()) == options
+
+
+def test_each_choice_of_a_seeded_request_gets_its_own_seed() -> None:
+    seeded = SamplingOptions(temperature=1.0, seed=7)
+    assert [seeded.for_choice(i).seed for i in range(3)] == [7, 8, 9]  # as vLLM seeds n's children
+    assert SamplingOptions(seed=2**63 - 1).for_choice(1).seed == 0  # stays a valid seed
+    unseeded = SamplingOptions(temperature=1.0)
+    assert unseeded.for_choice(2) is unseeded

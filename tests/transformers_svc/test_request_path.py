@@ -126,3 +126,18 @@ def test_request_log_listens_to_records(tmp_path: Path) -> None:
     hashed.on_outcome(RequestRecord(ctx, 200, ["hi there"], ["miss"], ["Hello"], body=body))
     line = json.loads((tmp_path / "h.jsonl").read_text())
     assert "request" not in line and "response" not in line
+
+
+def test_choices_share_greedy_answers_seed_apart_and_draw_apart() -> None:
+    def ctx(sampling: SamplingOptions) -> RequestContext:
+        return RequestContext("t", "r", "openai", "/x", frozenset({"no-transform"}), sampling)
+
+    greedy = ctx(SamplingOptions(temperature=0)).choices(3)
+    assert len({c.sampling for c in greedy}) == 1
+    assert {c.cache_control for c in greedy} == {frozenset({"no-transform"})}
+    seeded = ctx(SamplingOptions(temperature=0.8, seed=5)).choices(3)
+    assert [c.sampling.seed for c in seeded] == [5, 6, 7]
+    assert {c.cache_control for c in seeded} == {frozenset({"no-transform"})}  # each its own cache entry
+    drawn = ctx(SamplingOptions(temperature=0.8)).choices(3)
+    assert drawn[0].cache_control == frozenset({"no-transform"})
+    assert all({"no-cache", "no-store"} <= c.cache_control for c in drawn[1:])

@@ -281,3 +281,31 @@ def test_control_characters_in_request_id_do_not_break_the_upstream_call(transfo
     r = httpx.post(f"{transformer.http}/v2/models/llm/infer", json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert out(r)["cache_status"] == ["miss"]
+
+
+def test_n_choices_through_the_cache(transformer: Transformer, predictor: Predictor) -> None:
+    # Greedy: n times the same request, one generation shared, then n exact hits.
+    q = unique("Name a planet.")
+    before = generations(predictor)
+    first = chat(transformer, q, n=3)
+    assert first.status_code == 200, first.text
+    texts = [c["message"]["content"] for c in first.json()["choices"]]
+    assert len(texts) == 3 and len(set(texts)) == 1
+    assert generations(predictor) - before == 1
+    again = chat(transformer, q, n=3)
+    assert again.headers["x-semserve-cache"] == "exact,exact,exact"
+    assert [c["message"]["content"] for c in again.json()["choices"]] == texts
+    assert again.json()["usage"] == first.json()["usage"]
+    # Seeded: seed + index per choice, each its own entry, each a hit the second time.
+    seeded = {"temperature": 0.9, "seed": 21, "n": 2}
+    assert chat(transformer, q, **seeded).headers["x-semserve-cache"].split(",") == ["miss", "miss"]
+    assert chat(transformer, q, **seeded).headers["x-semserve-cache"] == "exact,exact"
+    # The second choice of seed 21 is seed 22's first.
+    assert chat(transformer, q, temperature=0.9, seed=22).headers["x-semserve-cache"] == "exact"
+    # Completions: prompt by prompt, n choices each.
+    body = {"model": "llm", "prompt": [unique("Name a metal:"), unique("Name a gas:")], "temperature": 0,
+            "max_tokens": 6, "n": 2}
+    r = httpx.post(f"{transformer.openai_base}/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
+    assert r.headers["x-semserve-cache"].split(",")[0::2] == ["miss", "miss"]
