@@ -297,23 +297,12 @@ class Engine:
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
+        # Every option by its own name (SamplingOptions names them as vLLM does).
+        fields = options.to_dict()
+        fields["stop"] = fields["stop"] or None
         try:
-            return SamplingParams(
-                max_tokens=options.max_tokens,
-                temperature=options.temperature,
-                top_p=options.top_p,
-                top_k=options.top_k,
-                seed=options.seed,
-                stop=list(options.stop) or None,
-                ignore_eos=options.ignore_eos,
-                presence_penalty=options.presence_penalty,
-                frequency_penalty=options.frequency_penalty,
-                repetition_penalty=options.repetition_penalty,
-                min_p=options.min_p,
-                min_tokens=options.min_tokens,
-                # Deltas even for whole answers: time to first token is measured for every request.
-                output_kind=RequestOutputKind.DELTA,
-            )
+            # Deltas even for whole answers: time to first token is measured for every request.
+            return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
         except VLLMClientError as exc:
             # semserve.sampling checks what vLLM checks; this is for a check a later vLLM adds.
             field = getattr(exc, "parameter", None) or "sampling_parameters"

@@ -11,6 +11,8 @@ from semserve.errors import BadRequest
 
 @dataclass(frozen=True)
 class SamplingOptions:
+    """The options, each named as vLLM's SamplingParams names it (the predictor passes them by name)."""
+
     max_tokens: int = 128
     temperature: float = 1.0  # the OpenAI and vLLM default; caching needs an explicit 0
     top_p: float = 1.0
