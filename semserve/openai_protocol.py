@@ -175,10 +175,6 @@ class _SamplingFields(_Encodable):
         return self.max_tokens
 
     @property
-    def include_usage(self) -> bool:
-        return self.usage_report.final
-
-    @property
     def usage_report(self) -> UsageReport:
         options = self.stream_options or StreamOptions()
         # vLLM's continuous_usage_stats counts only with include_usage, as vLLM's server reads it.

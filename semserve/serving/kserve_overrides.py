@@ -54,7 +54,6 @@ def _json_request(body: bytes) -> InferenceRequest:
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
-        # KServe's own message for this lacks a space ("the'inference-header-...").
         raise BadRequest(
             f"the body is not JSON, and for binary tensor data the {INFERENCE_CONTENT_LENGTH_HEADER!r} "
             "header is missing (send JSON, or the binary extension with its header)",
