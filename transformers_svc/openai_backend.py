@@ -18,11 +18,19 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from cache.keys import Kind
 from semserve import openai_protocol as oa
 from semserve import openai_routes, tracing
 from semserve.answer import Answer, Piece, answer_of
 from semserve.errors import BadRequest, NotFound
-from transformers_svc.answer_pipeline import SERVED, AnswerPipeline, AnswerRequest, AnswerStream, Outcome
+from transformers_svc.answer_pipeline import (
+    SERVED,
+    AnswerPipeline,
+    AnswerRequest,
+    AnswerStream,
+    Outcome,
+    Prompt,
+)
 from transformers_svc.config import TransformerSettings
 from transformers_svc.request_context import (
     RequestContext,
@@ -195,11 +203,10 @@ class TransformerOpenAI:
         await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         req.check_choices(1, self.settings.max_batch_size)
-        asks = [AnswerRequest(ctx, "chat", req.prompt()) for ctx in r.ctx.choices(req.n)]
         fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report)
         if req.stream:  # n is 1 (oa's unsupported())
-            return await self._stream(r, asks[0], fmt)
-        return self._whole(r, await asyncio.gather(*(self._answer(a) for a in asks)), fmt)
+            return await self._stream(r, AnswerRequest(r.ctx, "chat", req.prompt()), fmt)
+        return self._whole(r, await self._choices("chat", req.prompt(), r.ctx.choices(req.n)), fmt)
 
     async def _completions(self, r: _Request, req: oa.CompletionRequest) -> Any:
         await self._check(r, req.model)
@@ -212,10 +219,21 @@ class TransformerOpenAI:
             return await self._stream(r, AnswerRequest(r.ctx, "completion", prompts[0]), fmt)
         req.check_choices(len(prompts), self.settings.max_batch_size)
         # Prompt by prompt, its n choices together (vLLM's order: choice index = prompt * n + j).
-        asks = [AnswerRequest(ctx, "completion", p) for p in prompts for ctx in r.ctx.choices(req.n)]
-        return self._whole(r, await asyncio.gather(*(self._answer(a) for a in asks)), fmt)
+        contexts = r.ctx.choices(req.n)
+        per_prompt = await asyncio.gather(*(self._choices("completion", p, contexts) for p in prompts))
+        return self._whole(r, [o for outcomes in per_prompt for o in outcomes], fmt)
 
     # -- whole answers ------------------------------------------------------------------------------
+
+    async def _choices(self, kind: Kind, prompt: Prompt, contexts: list[RequestContext]) -> list[Outcome]:
+        """The outcomes of one prompt's choices. Identical choices (greedy ones) are one request,
+        answered once: the copies say "shared" when it was generated, so the first choice's status
+        is always the request's own (concurrent copies would race for the single flight's lead)."""
+        if all(c == contexts[0] for c in contexts[1:]):
+            first = await self._answer(AnswerRequest(contexts[0], kind, prompt))
+            copy = replace(first, status="shared") if first.status == "miss" else first
+            return [first] + [copy] * (len(contexts) - 1)
+        return list(await asyncio.gather(*(self._answer(AnswerRequest(c, kind, prompt)) for c in contexts)))
 
     async def _answer(self, ask: AnswerRequest) -> Outcome:
         with _chat_field(ask):
