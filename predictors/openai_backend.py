@@ -51,7 +51,7 @@ class PredictorOpenAI:
         rid, created = oa.new_id("cmpl"), oa.now()
         self._label(ctx)
         if req.stream:
-            return self._stream_completion(prepared, rid, created, ctx, req.usage_report)
+            return self._stream_completion(prepared, req.n, rid, created, ctx, req.usage_report)
         answers = await self.engine.answers(prepared, ctx.request_id, PROTOCOL)
         return oa.completion(
             rid,
@@ -66,22 +66,22 @@ class PredictorOpenAI:
     async def _stream_completion(
         self,
         prepared: list[Prepared],
+        n: int,
         rid: str,
         created: int,
         ctx: OpenAIHttpCall,
         usage: oa.UsageReport,
     ) -> AsyncIterator[oa.Completion]:
-        totals = {"prompt": sum(len(p.token_ids) for p in prepared), "completion": [0] * len(prepared)}
+        prompt_tokens = sum(len(p.token_ids) for p in prepared[::n])  # each prompt once, as vLLM counts
+        completion_tokens = [0] * len(prepared)
         async for index, piece in merge_streams(
             [self.engine.generate(p, f"{ctx.request_id}-{i}", PROTOCOL) for i, p in enumerate(prepared)]
         ):
-            totals["completion"][index] = piece.completion_tokens
+            completion_tokens[index] = piece.completion_tokens
             so_far = usage.so_far(piece.prompt_tokens, piece.completion_tokens)
             yield oa.completion_chunk(rid, self.name, created, index, piece.text, piece.finish_reason, so_far)
         if usage.final:
-            yield oa.completion_usage_chunk(
-                rid, self.name, created, totals["prompt"], sum(totals["completion"])
-            )
+            yield oa.completion_usage_chunk(rid, self.name, created, prompt_tokens, sum(completion_tokens))
 
     async def chat_completions(
         self, req: oa.ChatCompletionRequest, ctx: OpenAIHttpCall
@@ -93,8 +93,8 @@ class PredictorOpenAI:
         prepared = [await self.engine.prepare(prompt, o, field="messages") for o in req.choices(options)]
         rid, created = oa.new_id("chatcmpl"), oa.now()
         self._label(ctx)
-        if req.stream:  # n is 1 (oa's unsupported())
-            return self._stream_chat(prepared[0], rid, created, ctx, req.usage_report)
+        if req.stream:
+            return self._stream_chat(prepared, rid, created, ctx, req.usage_report)
         answers = await self.engine.answers(prepared, ctx.request_id, PROTOCOL, "chat")
         return oa.chat_completion(
             rid,
@@ -107,23 +107,29 @@ class PredictorOpenAI:
         )
 
     async def _stream_chat(
-        self, prepared: Prepared, rid: str, created: int, ctx: OpenAIHttpCall, usage: oa.UsageReport
+        self, prepared: list[Prepared], rid: str, created: int, ctx: OpenAIHttpCall, usage: oa.UsageReport
     ) -> AsyncIterator[oa.ChatCompletionChunk]:
-        prompt_tokens = len(prepared.token_ids)
+        prompt_tokens = len(prepared[0].token_ids)  # one prompt, its n choices
 
-        def chunk(content: str | None, finish_reason: str | None = None, *, role: bool = False,
+        def chunk(index: int, content: str | None, finish_reason: str | None = None, *, role: bool = False,
                   completion_tokens: int = 0) -> oa.ChatCompletionChunk:  # fmt: skip
             so_far = usage.so_far(prompt_tokens, completion_tokens)
-            return oa.chat_chunk(rid, self.name, created, content, finish_reason, role, so_far, usage.final)
+            return oa.chat_chunk(rid, self.name, created, content, finish_reason, role, so_far, usage.final,
+                                 index=index)  # fmt: skip
 
-        # OpenAI sends the role first, in a chunk of its own with empty content.
-        yield chunk("", role=True)
-        completion_tokens = 0
-        async for piece in self.engine.generate(prepared, ctx.request_id, PROTOCOL, "chat"):
-            completion_tokens = piece.completion_tokens
+        # OpenAI sends each choice's role first, in a chunk of its own with empty content.
+        for index in range(len(prepared)):
+            yield chunk(index, "", role=True)
+        completion_tokens = [0] * len(prepared)
+        one = len(prepared) == 1
+        async for index, piece in merge_streams([
+            self.engine.generate(p, ctx.request_id if one else f"{ctx.request_id}-{i}", PROTOCOL, "chat")
+            for i, p in enumerate(prepared)
+        ]):
+            completion_tokens[index] = piece.completion_tokens
             if piece.text:
-                yield chunk(piece.text, completion_tokens=completion_tokens)
+                yield chunk(index, piece.text, completion_tokens=piece.completion_tokens)
             if piece.finish_reason:
-                yield chunk(None, piece.finish_reason, completion_tokens=completion_tokens)
+                yield chunk(index, None, piece.finish_reason, completion_tokens=piece.completion_tokens)
         if usage.final:
-            yield oa.chat_usage_chunk(rid, self.name, created, prompt_tokens, completion_tokens)
+            yield oa.chat_usage_chunk(rid, self.name, created, prompt_tokens, sum(completion_tokens))

@@ -130,8 +130,6 @@ class _SamplingFields(_Encodable):
     def unsupported(self) -> None:
         if self.n < 1:
             raise BadRequest(f"n must be >= 1, got {self.n}", "n")
-        if self.n > 1 and self.stream:
-            raise BadRequest("n > 1 is not supported with stream: true (send n streamed requests)", "n")
         if self.logprobs not in (None, False, 0):
             raise BadRequest("logprobs is not supported", "logprobs")
         if self.logit_bias:
@@ -454,6 +452,7 @@ def chat_chunk(
     role: bool = False,
     usage_so_far: CompletionUsage | None = None,
     with_usage: bool = False,
+    index: int = 0,
 ) -> ChatCompletionChunk:
     delta = ChoiceDelta(role="assistant" if role else None, content=content)
     # `with_usage` (the request's include_usage): the field is set, null but on the last chunk
@@ -466,7 +465,7 @@ def chat_chunk(
         model=model,
         choices=[
             ChunkChoice(
-                index=0, delta=delta, finish_reason=_finish(finish_reason) if finish_reason else None
+                index=index, delta=delta, finish_reason=_finish(finish_reason) if finish_reason else None
             )
         ],
         **usage_field,

@@ -42,3 +42,5 @@ async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[
     finally:
         for task in tasks:
             task.cancel()
+        # Gone before returning, so the caller may close the streams they were reading.
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -23,11 +23,13 @@ from semserve import openai_protocol as oa
 from semserve import openai_routes, tracing
 from semserve.answer import Answer, Piece, answer_of
 from semserve.errors import BadRequest, NotFound
+from semserve.streams import merge_streams
 from transformers_svc.answer_pipeline import (
     SERVED,
     AnswerPipeline,
     AnswerRequest,
     AnswerStream,
+    CacheStatus,
     Outcome,
     Prompt,
 )
@@ -58,22 +60,29 @@ def _cache_headers(http: openai_routes.OpenAIHttpCall, status: str, similarity: 
 class Formatter:
     """How answers and the pieces of a generation become one OpenAI response or stream."""
 
-    def __init__(self, model: str, rid: str, created: int, usage: oa.UsageReport) -> None:
+    def __init__(self, model: str, rid: str, created: int, usage: oa.UsageReport, n: int = 1) -> None:
         self.model, self.rid, self.created = model, rid, created
         self.usage_report = usage
+        self.n = n  # choices per prompt: choice i answers prompt i // n
 
     def whole(self, answers: list[Answer]) -> Any:
         raise NotImplementedError
 
-    def start(self, first: Piece | None) -> Any:
-        """The chunk before the first piece (`first`, when it is known by then), if any."""
+    def start(self, first: Piece | None, index: int) -> Any:
+        """The chunk of choice `index` before its first piece (`first`, when it is known by then),
+        if any."""
         return None
 
-    def piece(self, piece: Piece) -> list[Any]:
+    def piece(self, piece: Piece, index: int) -> list[Any]:
         raise NotImplementedError
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
         raise NotImplementedError
+
+    def total_usage(self, answers: list[Answer]) -> Any:
+        """The closing usage chunk over all choices: each prompt's tokens once, as vLLM counts."""
+        return self.usage(sum(a.prompt_tokens for a in answers[:: self.n]),
+                          sum(a.completion_tokens for a in answers))  # fmt: skip
 
 
 class ChatFormatter(Formatter):
@@ -83,35 +92,31 @@ class ChatFormatter(Formatter):
                                   [a.finish_reason for a in answers], answers[0].prompt_tokens,
                                   sum(a.completion_tokens for a in answers))  # fmt: skip
 
-    def start(self, first: Piece | None) -> Any:
-        # OpenAI sends the role first, in a chunk of its own with empty content.
+    def start(self, first: Piece | None, index: int) -> Any:
+        # OpenAI sends each choice's role first, in a chunk of its own with empty content.
         so_far = self.usage_report.so_far(first.prompt_tokens, 0) if first is not None else None
-        return self._chunk("", None, so_far, role=True)
+        return self._chunk("", None, so_far, index, role=True)
 
-    def piece(self, piece: Piece) -> list[Any]:
+    def piece(self, piece: Piece, index: int) -> list[Any]:
         so_far = self.usage_report.so_far(piece.prompt_tokens, piece.completion_tokens)
         out = []
         if piece.text:
-            out.append(self._chunk(piece.text, None, so_far))
+            out.append(self._chunk(piece.text, None, so_far, index))
         if piece.finish_reason:
-            out.append(self._chunk(None, piece.finish_reason, so_far))
+            out.append(self._chunk(None, piece.finish_reason, so_far, index))
         return out
 
     def _chunk(
-        self, content: str | None, finish_reason: str | None, so_far: Any, *, role: bool = False
+        self, content: str | None, finish_reason: str | None, so_far: Any, index: int, *, role: bool = False
     ) -> Any:
         return oa.chat_chunk(self.rid, self.model, self.created, content, finish_reason, role, so_far,
-                             self.usage_report.final)  # fmt: skip
+                             self.usage_report.final, index=index)  # fmt: skip
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
         return oa.chat_usage_chunk(self.rid, self.model, self.created, prompt_tokens, completion_tokens)
 
 
 class CompletionFormatter(Formatter):
-    def __init__(self, model: str, rid: str, created: int, usage: oa.UsageReport, n: int = 1) -> None:
-        super().__init__(model, rid, created, usage)
-        self.n = n
-
     def whole(self, answers: list[Answer]) -> oa.Completion:
         # Prompt by prompt, its n choices together: each prompt's tokens counted once.
         return oa.completion(
@@ -122,10 +127,10 @@ class CompletionFormatter(Formatter):
             sum(a.completion_tokens for a in answers),
         )
 
-    def piece(self, piece: Piece) -> list[Any]:
+    def piece(self, piece: Piece, index: int) -> list[Any]:
         so_far = self.usage_report.so_far(piece.prompt_tokens, piece.completion_tokens)
-        return [oa.completion_chunk(self.rid, self.model, self.created, 0, piece.text, piece.finish_reason,
-                                    so_far)]  # fmt: skip
+        return [oa.completion_chunk(self.rid, self.model, self.created, index, piece.text,
+                                    piece.finish_reason, so_far)]  # fmt: skip
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
         return oa.completion_usage_chunk(self.rid, self.model, self.created, prompt_tokens,
@@ -141,6 +146,54 @@ class _Request:
     http: openai_routes.OpenAIHttpCall
     body: BaseModel
     prompts: list[str]
+
+
+@dataclass(frozen=True)
+class _Choices:
+    """One answer to make and the choices it answers (OpenAI's `n`): several when they are
+    identical (greedy ones). Copies made concurrently would race for the single flight's lead,
+    so the first choice's status would not always be the request's own."""
+
+    indexes: list[int]
+    ask: AnswerRequest
+
+    def statuses(self, status: CacheStatus) -> list[CacheStatus]:
+        """The cache status of each choice, given the answer's: copies of a generation were
+        shared from it; copies of a hit are that hit."""
+        return [status] + ["shared" if status == "miss" else status] * (len(self.indexes) - 1)
+
+
+def _plan(kind: Kind, prompts: list[Prompt], contexts: list[RequestContext]) -> list[_Choices]:
+    """The answers to make for every prompt's choices, in vLLM's order (choice index = prompt * n
+    + j): one per choice, or one per prompt when its choices are identical."""
+    n = len(contexts)
+    if all(c == contexts[0] for c in contexts[1:]):
+        return [_Choices(list(range(p * n, p * n + n)), AnswerRequest(contexts[0], kind, prompt))
+                for p, prompt in enumerate(prompts)]  # fmt: skip
+    return [_Choices([p * n + j], AnswerRequest(c, kind, prompt))
+            for p, prompt in enumerate(prompts) for j, c in enumerate(contexts)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Streamed:
+    """The stream of one answer to make, and the choices it answers."""
+
+    choices: _Choices
+    pieces: AnswerStream
+    first: Piece | None  # taken before answering (None: the stream had none)
+
+    @property
+    def indexes(self) -> list[int]:
+        return self.choices.indexes
+
+    def statuses(self) -> list[CacheStatus]:
+        return self.choices.statuses(self.pieces.status)
+
+    async def all_pieces(self) -> AsyncIterator[Piece]:
+        if self.first is not None:
+            yield self.first
+        async for piece in self.pieces:
+            yield piece
 
 
 class TransformerOpenAI:
@@ -203,43 +256,29 @@ class TransformerOpenAI:
         await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         req.check_choices(1, self.settings.max_batch_size)
-        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report)
-        if req.stream:  # n is 1 (oa's unsupported())
-            return await self._stream(r, AnswerRequest(r.ctx, "chat", req.prompt()), fmt)
-        return self._whole(r, await self._choices("chat", req.prompt(), r.ctx.choices(req.n)), fmt)
+        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report, req.n)
+        plan = _plan("chat", [req.prompt()], r.ctx.choices(req.n))
+        return await (self._stream(r, plan, fmt) if req.stream else self._whole(r, plan, fmt))
 
     async def _completions(self, r: _Request, req: oa.CompletionRequest) -> Any:
         await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         prompts = req.prompts
         fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.usage_report, req.n)
-        if req.stream:
-            if len(prompts) != 1:
-                raise BadRequest("streaming takes one prompt per request here", "prompt")
-            return await self._stream(r, AnswerRequest(r.ctx, "completion", prompts[0]), fmt)
         req.check_choices(len(prompts), self.settings.max_batch_size)
-        # Prompt by prompt, its n choices together (vLLM's order: choice index = prompt * n + j).
-        contexts = r.ctx.choices(req.n)
-        per_prompt = await asyncio.gather(*(self._choices("completion", p, contexts) for p in prompts))
-        return self._whole(r, [o for outcomes in per_prompt for o in outcomes], fmt)
+        plan = _plan("completion", list(prompts), r.ctx.choices(req.n))
+        return await (self._stream(r, plan, fmt) if req.stream else self._whole(r, plan, fmt))
 
     # -- whole answers ------------------------------------------------------------------------------
-
-    async def _choices(self, kind: Kind, prompt: Prompt, contexts: list[RequestContext]) -> list[Outcome]:
-        """The outcomes of one prompt's choices. Identical choices (greedy ones) are one request,
-        answered once: the copies say "shared" when it was generated, so the first choice's status
-        is always the request's own (concurrent copies would race for the single flight's lead)."""
-        if all(c == contexts[0] for c in contexts[1:]):
-            first = await self._answer(AnswerRequest(contexts[0], kind, prompt))
-            copy = replace(first, status="shared") if first.status == "miss" else first
-            return [first] + [copy] * (len(contexts) - 1)
-        return list(await asyncio.gather(*(self._answer(AnswerRequest(c, kind, prompt)) for c in contexts)))
 
     async def _answer(self, ask: AnswerRequest) -> Outcome:
         with _chat_field(ask):
             return await self.pipeline.answer(ask)
 
-    def _whole(self, r: _Request, outcomes: list[Outcome], fmt: Formatter) -> Any:
+    async def _whole(self, r: _Request, plan: list[_Choices], fmt: Formatter) -> Any:
+        answered = await asyncio.gather(*(self._answer(one.ask) for one in plan))
+        outcomes = [replace(outcome, status=status) for one, outcome in zip(plan, answered, strict=True)
+                    for status in one.statuses(outcome.status)]  # fmt: skip
         statuses = [o.status for o in outcomes]
         _cache_headers(r.http, ",".join(statuses), outcomes[0].similarity if len(outcomes) == 1 else None)
         self._record(r, 200, statuses, [o.answer.text for o in outcomes])
@@ -247,53 +286,74 @@ class TransformerOpenAI:
 
     # -- streaming ----------------------------------------------------------------------------------
 
-    async def _stream(self, r: _Request, ask: AnswerRequest, fmt: Formatter) -> AsyncIterator[Any]:
+    async def _stream(self, r: _Request, plan: list[_Choices], fmt: Formatter) -> AsyncIterator[Any]:
+        """Every choice, streamed together (each chunk names its choice's index)."""
+        opened = await self._open_all([one.ask for one in plan])
+        streamed = [_Streamed(one, *pair) for one, pair in zip(plan, opened, strict=True)]
+        statuses = [status for one in streamed for status in one.statuses()]
+        similarity = streamed[0].pieces.similarity if len(statuses) == 1 else None
+        _cache_headers(r.http, ",".join(statuses), similarity)
+        tracing.annotate(semserve__cache__status=",".join(statuses))
+        return self._sse(r, streamed, statuses, fmt)
+
+    async def _open_all(self, asks: list[AnswerRequest]) -> list[tuple[AnswerStream, Piece | None]]:
+        """The streams of `asks`, each with its first piece, opened together; if one fails, those
+        opened are closed and its failure raised."""
+        if len(asks) == 1:
+            return [await self._open(asks[0])]
+        tasks = [asyncio.ensure_future(self._open(a)) for a in asks]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for task in tasks:
+                if not task.cancelled() and task.exception() is None:
+                    await task.result()[0].aclose()
+            raise
+
+    async def _open(self, ask: AnswerRequest) -> tuple[AnswerStream, Piece | None]:
         with _chat_field(ask):
             pieces = await self.pipeline.stream(ask)
-        _cache_headers(r.http, pieces.status, pieces.similarity)
-        tracing.annotate(semserve__cache__status=pieces.status)
         # The first piece before answering, so a predictor that is down or refuses the request is a
         # 503 or 400, not a broken stream.
         try:
             with _chat_field(ask):
-                first = await anext(pieces, None)
+                return pieces, await anext(pieces, None)
         except BaseException:
             await pieces.aclose()
             raise
-        return self._sse(r, pieces, first, fmt)
 
     async def _sse(
-        self, r: _Request, pieces: AnswerStream, first: Piece | None, fmt: Formatter
+        self, r: _Request, streamed: list[_Streamed], statuses: list[str], fmt: Formatter
     ) -> AsyncIterator[Any]:
-        seen: list[Piece] = []
+        seen: dict[int, list[Piece]] = {i: [] for one in streamed for i in one.indexes}
         code, error = 200, None
         try:
             try:
-                piece = first
-                if piece is None and fmt.usage_report.continuous:
-                    # Its usage so far names the prompt's tokens, which the first piece brings.
-                    piece = await anext(pieces, None)
-                opening = fmt.start(piece)
-                if opening is not None:
-                    yield opening
+                for one in streamed:
+                    for i in one.indexes:
+                        opening = fmt.start(one.first, i)
+                        if opening is not None:
+                            yield opening
                 # The last piece comes once the answer is stored (so that a request that follows
                 # finds it, through any replica).
-                piece = piece if piece is not None else await anext(pieces, None)
-                while piece is not None:
-                    seen.append(piece)
-                    for chunk in fmt.piece(piece):
-                        yield chunk
-                    piece = await anext(pieces, None)
+                async for k, piece in merge_streams([one.all_pieces() for one in streamed]):
+                    for i in streamed[k].indexes:
+                        seen[i].append(piece)
+                        for chunk in fmt.piece(piece, i):
+                            yield chunk
             finally:
-                await pieces.aclose()
-            answer = answer_of(seen)
+                for one in streamed:
+                    await one.pieces.aclose()
             if fmt.usage_report.final:
-                yield fmt.usage(answer.prompt_tokens, answer.completion_tokens)
+                yield fmt.total_usage([answer_of(seen[i]) for i in sorted(seen)])
         except BaseException as exc:  # the client left (cancelled), or a failure mid-stream
             code, error = status_of(exc), error_text(exc)
             raise
         finally:
-            self._record(r, code, [pieces.status], ["".join(p.text for p in seen)], error)
+            self._record(r, code, statuses, ["".join(p.text for p in seen[i]) for i in sorted(seen)], error)
 
     # -- what is observed ---------------------------------------------------------------------------
 

@@ -97,7 +97,6 @@ def test_sse_wire_format(predictor: Predictor) -> None:
         # vLLM's engine refuses it too; it answered 500 before (found by schemathesis).
         ({"model": "llm", "messages": QUESTION, "temperature": 2.5}, 400, "temperature must be in [0, 2]"),
         ({"model": "llm", "messages": QUESTION, "n": 0}, 400, "n must be >= 1, got 0"),
-        ({"model": "llm", "messages": QUESTION, "n": 2, "stream": True}, 400, "n > 1 is not supported"),
         ({"model": "llm", "messages": QUESTION, "n": 65}, 400, "at most 64 choices per request (n=65)"),
         ({"model": "llm", "messages": QUESTION, "presence_penalty": 2.5}, 400, "presence_penalty must be"),
         ({"model": "llm", "messages": QUESTION, "repetition_penalty": 0}, 400, "repetition_penalty must"),
@@ -164,3 +163,32 @@ def test_n_choices(client: openai.OpenAI, predictor: Predictor) -> None:
     r = httpx.post(f"{predictor.openai_base}/completions", timeout=60, json={
         "model": "llm", "prompt": ["a b", "c d"], "max_tokens": 2, "n": 33})
     assert r.status_code == 400 and "at most 64 choices per request (2 prompts x n=33)" in r.text
+
+
+def test_n_choices_streamed(client: openai.OpenAI) -> None:
+    # Chat: each choice's role first (as vLLM sends them), then its pieces under its own index.
+    chunks = list(client.chat.completions.create(
+        model="llm", messages=QUESTION, temperature=0, max_tokens=12, n=2, stream=True,
+        stream_options={"include_usage": True}))  # fmt: skip
+    roles = [c.choices[0].index for c in chunks[:2]]
+    assert roles == [0, 1] and all(c.choices[0].delta.role == "assistant" for c in chunks[:2])
+    mine = [[c.choices[0] for c in chunks if c.choices and c.choices[0].index == i] for i in (0, 1)]
+    texts = ["".join(choice.delta.content or "" for choice in choices) for choices in mine]
+    assert all("Paris" in t for t in texts), texts
+    finals = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert finals == [0, 1]
+    whole = client.chat.completions.create(model="llm", messages=QUESTION, temperature=0, max_tokens=12, n=2)
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.prompt_tokens == whole.usage.prompt_tokens  # the prompt once
+    assert 2 <= usage.completion_tokens <= 2 * 12  # both choices' tokens
+    # Completions: two prompts x two choices, index = prompt * n + j, each prompt's tokens once.
+    prompts = ["The capital of France is", "The capital of Italy is"]
+    chunks = list(client.completions.create(model="llm", prompt=prompts, temperature=0, max_tokens=4, n=2,
+                                            stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+             for i in range(4)]  # fmt: skip
+    assert ["Paris" in t for t in texts] == [True, True, False, False], texts
+    assert all("Rome" in t for t in texts[2:]), texts
+    whole = client.completions.create(model="llm", prompt=prompts, temperature=0, max_tokens=4, n=2)
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert 4 <= chunks[-1].usage.completion_tokens <= 4 * 4

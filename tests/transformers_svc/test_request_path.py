@@ -85,19 +85,20 @@ def test_formatters() -> None:
     chat = ChatFormatter("llm", "chatcmpl-1", 1, oa.UsageReport(final=True))
     whole = chat.whole([a])
     assert whole.choices[0].message.content == "Paris." and whole.usage.prompt_tokens == 7
-    assert chat.start(None) is not None
-    pieces = chat.piece(Piece("Paris.", "stop", 2, 7, None))
+    assert chat.start(None, 0) is not None
+    pieces = chat.piece(Piece("Paris.", "stop", 2, 7, None), 0)
     assert len(pieces) == 2  # text, then the finish reason
     assert all(p.usage is None for p in pieces)  # null but in the last chunk (OpenAI's include_usage)
     comp = CompletionFormatter("llm", "cmpl-1", 1, oa.UsageReport())
     both = comp.whole([a, Answer("Rome.", "length", 3, 5)])
     assert [c.text for c in both.choices] == ["Paris.", "Rome."]
     assert both.usage.prompt_tokens == 12 and both.usage.completion_tokens == 5
-    assert comp.start(None) is None and len(comp.piece(Piece("x", None, 1, 1, None))) == 1
+    assert comp.start(None, 0) is None and len(comp.piece(Piece("x", None, 1, 1, None), 0)) == 1
     # vLLM's continuous usage: every chunk says the usage so far, the role chunk the prompt's.
     continuous = ChatFormatter("llm", "chatcmpl-2", 1, oa.UsageReport(final=True, continuous=True))
-    assert continuous.start(Piece("Pa", None, 1, 7, None)).usage.prompt_tokens == 7
-    [text, finish] = continuous.piece(Piece("ris.", "stop", 2, 7, None))
+    assert continuous.start(Piece("Pa", None, 1, 7, None), 0).usage.prompt_tokens == 7
+    [text, finish] = continuous.piece(Piece("ris.", "stop", 2, 7, None), 1)
+    assert text.choices[0].index == finish.choices[0].index == 1
     assert (text.usage.completion_tokens, finish.usage.total_tokens) == (2, 9)
 
 

@@ -231,6 +231,10 @@ def test_bad_input_is_4xx_through_the_transformer(transformer: Transformer) -> N
     # The predictor's own checks pass through as 400 with its message.
     long = v2(transformer, ["word " * 3000])
     assert long.status_code == 400 and "context" in long.text
+    # Streamed with a prompt that works: still a 400 before the stream starts, not a broken stream.
+    r = httpx.post(f"{transformer.openai_base}/completions", timeout=60, json={
+        "model": "llm", "prompt": [unique("Hello"), "word " * 3000], "max_tokens": 4, "stream": True})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"], r.text
     r = chat(transformer, "hi", temperature=-1)
     assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
     r = httpx.post(f"{transformer.openai_base}/chat/completions", content=b"{",
@@ -311,3 +315,54 @@ def test_n_choices_through_the_cache(transformer: Transformer, predictor: Predic
     assert r.status_code == 200, r.text
     assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
     assert r.headers["x-semserve-cache"] == "miss,shared,miss,shared"
+
+
+def test_n_choices_streamed_through_the_cache(transformer: Transformer, predictor: Predictor) -> None:
+    client = openai.OpenAI(base_url=transformer.openai_base, api_key="unused", max_retries=0)
+
+    def streamed_chat(q: str, **kw: object) -> tuple[str, list[str], object]:
+        raw = client.chat.completions.with_raw_response.create(
+            model="llm", messages=[{"role": "user", "content": q}], max_tokens=16, stream=True,
+            stream_options={"include_usage": True}, **kw)  # fmt: skip
+        chunks = list(raw.parse())
+        n = kw.get("n", 1)
+        assert [c.choices[0].index for c in chunks[:n]] == list(range(n))  # each choice's role first
+        assert all(c.choices[0].delta.role == "assistant" for c in chunks[:n])
+        mine = [[c.choices[0] for c in chunks if c.choices and c.choices[0].index == i] for i in range(n)]
+        texts = ["".join(choice.delta.content or "" for choice in choices) for choices in mine]
+        return raw.headers["x-semserve-cache"], texts, chunks[-1].usage
+
+    # Greedy: one generation streamed to every choice, then n exact hits, replayed the same.
+    q = unique("Name a planet.")
+    before = generations(predictor)
+    status, texts, usage = streamed_chat(q, n=3, temperature=0)
+    assert status == "miss,shared,shared" and len(set(texts)) == 1 and texts[0], texts
+    assert generations(predictor) - before == 1
+    status, again, usage_again = streamed_chat(q, n=3, temperature=0)
+    assert status == "exact,exact,exact" and again == texts
+    assert usage_again.prompt_tokens == usage.prompt_tokens  # the prompt once
+    assert usage_again.completion_tokens == usage.completion_tokens
+    # The same answers as a whole: the streamed miss stored what the unary request reads.
+    whole = chat(transformer, q, n=3, max_tokens=16)
+    assert whole.headers["x-semserve-cache"] == "exact,exact,exact"
+    assert [c["message"]["content"] for c in whole.json()["choices"]] == texts
+    # Seeded: each choice its own generation and entry.
+    status, seeded, _ = streamed_chat(q, n=2, temperature=0.9, seed=5)
+    assert status == "miss,miss" and all(seeded), seeded
+    status, seeded_again, _ = streamed_chat(q, n=2, temperature=0.9, seed=5)
+    assert status == "exact,exact" and seeded_again == seeded
+    # Completions: several prompts streamed together, choice index = prompt * n + j.
+    prompts = [unique("The capital of France is"), unique("The capital of Italy is")]
+    raw = client.completions.with_raw_response.create(
+        model="llm", prompt=prompts, temperature=0, max_tokens=6, stream=True,
+        stream_options={"include_usage": True})  # fmt: skip
+    chunks = list(raw.parse())
+    assert raw.headers["x-semserve-cache"] == "miss,miss"
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+                for i in (0, 1)]  # fmt: skip
+    whole = httpx.post(f"{transformer.openai_base}/completions", timeout=120, json={
+        "model": "llm", "prompt": prompts, "temperature": 0, "max_tokens": 6})  # fmt: skip
+    assert whole.headers["x-semserve-cache"] == "exact,exact"
+    assert [c["text"] for c in whole.json()["choices"]] == streamed
+    assert chunks[-1].usage.prompt_tokens == whole.json()["usage"]["prompt_tokens"]
+    assert chunks[-1].usage.completion_tokens == whole.json()["usage"]["completion_tokens"]
