@@ -51,13 +51,14 @@ class PredictorOpenAI:
         rid, created = oa.new_id("cmpl"), oa.now()
         self._label(ctx)
         if req.stream:
-            return self._stream_completion(prepared, req.n, rid, created, ctx, req.usage_report)
+            return self._stream_completion(prepared, req.n, rid, created, ctx, req.usage_report, req.echoes())
         answers = await self.engine.answers(prepared, ctx.request_id, PROTOCOL)
+        echo = req.echoes()
         return oa.completion(
             rid,
             self.name,
             created,
-            [a.text for a in answers],
+            [echo.whole(i, a.text) for i, a in enumerate(answers)],
             [a.finish_reason for a in answers],
             sum(a.prompt_tokens for a in answers[:: req.n]),  # each prompt once, as vLLM counts
             sum(a.completion_tokens for a in answers),
@@ -71,6 +72,7 @@ class PredictorOpenAI:
         created: int,
         ctx: OpenAIHttpCall,
         usage: oa.UsageReport,
+        echo: oa.Echo,
     ) -> AsyncIterator[oa.Completion]:
         prompt_tokens = sum(len(p.token_ids) for p in prepared[::n])  # each prompt once, as vLLM counts
         completion_tokens = [0] * len(prepared)
@@ -79,7 +81,8 @@ class PredictorOpenAI:
         ):
             completion_tokens[index] = piece.completion_tokens
             so_far = usage.so_far(piece.prompt_tokens, piece.completion_tokens)
-            yield oa.completion_chunk(rid, self.name, created, index, piece.text, piece.finish_reason, so_far)
+            text = echo.piece(index, piece.text)
+            yield oa.completion_chunk(rid, self.name, created, index, text, piece.finish_reason, so_far)
         if usage.final:
             yield oa.completion_usage_chunk(rid, self.name, created, prompt_tokens, sum(completion_tokens))
 

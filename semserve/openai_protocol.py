@@ -188,7 +188,7 @@ def _prompt_schema(schema: dict[str, Any]) -> None:
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] = Field(json_schema_extra=_prompt_schema)
-    echo: bool = False
+    echo: bool | None = False  # vLLM takes null as false
     suffix: str | None = None
     best_of: int | None = None
 
@@ -211,14 +211,34 @@ class CompletionRequest(_SamplingFields):
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
+    def echoes(self) -> Echo:
+        return Echo(self.prompts if self.echo else None, self.n)
+
     def unsupported(self) -> None:
         super().unsupported()
-        if self.echo:
-            raise BadRequest("echo is not supported", "echo")
         if self.suffix:
             raise BadRequest("suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
             raise BadRequest("best_of must be 1", "best_of")
+
+
+class Echo:
+    """vLLM's `echo` for completions: each choice's text starts with its prompt (choice i answers
+    prompt i // n); streamed, the prompt comes with the choice's first piece. Not an answer's part:
+    the cache stores answers without it."""
+
+    def __init__(self, prompts: list[str] | None, n: int) -> None:
+        self.prompts, self.n = prompts, n  # prompts None: no echo
+        self._echoed: set[int] = set()
+
+    def whole(self, index: int, text: str) -> str:
+        return text if self.prompts is None else self.prompts[index // self.n] + text
+
+    def piece(self, index: int, text: str) -> str:
+        if self.prompts is None or index in self._echoed:
+            return text
+        self._echoed.add(index)
+        return self.whole(index, text)
 
 
 class TextPart(BaseModel):

@@ -117,11 +117,15 @@ class ChatFormatter(Formatter):
 
 
 class CompletionFormatter(Formatter):
+    def __init__(self, model: str, rid: str, created: int, usage: oa.UsageReport, echo: oa.Echo) -> None:
+        super().__init__(model, rid, created, usage, echo.n)
+        self.echo = echo
+
     def whole(self, answers: list[Answer]) -> oa.Completion:
         # Prompt by prompt, its n choices together: each prompt's tokens counted once.
         return oa.completion(
             self.rid, self.model, self.created,
-            [a.text for a in answers],
+            [self.echo.whole(i, a.text) for i, a in enumerate(answers)],
             [a.finish_reason for a in answers],
             sum(a.prompt_tokens for a in answers[:: self.n]),
             sum(a.completion_tokens for a in answers),
@@ -129,8 +133,9 @@ class CompletionFormatter(Formatter):
 
     def piece(self, piece: Piece, index: int) -> list[Any]:
         so_far = self.usage_report.so_far(piece.prompt_tokens, piece.completion_tokens)
-        return [oa.completion_chunk(self.rid, self.model, self.created, index, piece.text,
-                                    piece.finish_reason, so_far)]  # fmt: skip
+        text = self.echo.piece(index, piece.text)
+        return [oa.completion_chunk(self.rid, self.model, self.created, index, text, piece.finish_reason,
+                                    so_far)]  # fmt: skip
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
         return oa.completion_usage_chunk(self.rid, self.model, self.created, prompt_tokens,
@@ -264,7 +269,7 @@ class TransformerOpenAI:
         await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         prompts = req.prompts
-        fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.usage_report, req.n)
+        fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.usage_report, req.echoes())
         req.check_choices(len(prompts), self.settings.max_batch_size)
         plan = _plan("completion", list(prompts), r.ctx.choices(req.n))
         return await (self._stream(r, plan, fmt) if req.stream else self._whole(r, plan, fmt))

@@ -192,3 +192,21 @@ def test_n_choices_streamed(client: openai.OpenAI) -> None:
     whole = client.completions.create(model="llm", prompt=prompts, temperature=0, max_tokens=4, n=2)
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
     assert 4 <= chunks[-1].usage.completion_tokens <= 4 * 4
+
+
+def test_completion_echo(client: openai.OpenAI) -> None:
+    # vLLM's echo: the prompt, then the answer; streamed, the prompt comes with each choice's first piece.
+    prompts = ["The capital of France is", "The capital of Italy is"]
+    plain = client.completions.create(model="llm", prompt=prompts, temperature=0, max_tokens=4)
+    echoed = client.completions.create(model="llm", prompt=prompts, temperature=0, max_tokens=4, echo=True)
+    expected = [p + c.text for p, c in zip(prompts, plain.choices, strict=True)]
+    assert [c.text for c in echoed.choices] == expected
+    assert echoed.usage == plain.usage  # the prompt is not counted again
+    chunks = list(client.completions.create(model="llm", prompt=prompts, temperature=0, max_tokens=4,
+                                            echo=True, stream=True))  # fmt: skip
+    firsts = {}
+    for c in chunks:
+        firsts.setdefault(c.choices[0].index, c.choices[0].text)
+    assert firsts[0].startswith(prompts[0]) and firsts[1].startswith(prompts[1])
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in (0, 1)]
+    assert streamed == [c.text for c in echoed.choices]

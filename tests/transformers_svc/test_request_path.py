@@ -89,11 +89,17 @@ def test_formatters() -> None:
     pieces = chat.piece(Piece("Paris.", "stop", 2, 7, None), 0)
     assert len(pieces) == 2  # text, then the finish reason
     assert all(p.usage is None for p in pieces)  # null but in the last chunk (OpenAI's include_usage)
-    comp = CompletionFormatter("llm", "cmpl-1", 1, oa.UsageReport())
+    comp = CompletionFormatter("llm", "cmpl-1", 1, oa.UsageReport(), oa.Echo(None, 1))
     both = comp.whole([a, Answer("Rome.", "length", 3, 5)])
     assert [c.text for c in both.choices] == ["Paris.", "Rome."]
     assert both.usage.prompt_tokens == 12 and both.usage.completion_tokens == 5
     assert comp.start(None, 0) is None and len(comp.piece(Piece("x", None, 1, 1, None), 0)) == 1
+    # vLLM's echo: each choice's prompt first (choice i answers prompt i // n), once per stream.
+    echo = CompletionFormatter("llm", "cmpl-3", 1, oa.UsageReport(), oa.Echo(["Q1 ", "Q2 "], 2))
+    assert [c.text for c in echo.whole([a, a, a, a]).choices] == ["Q1 Paris."] * 2 + ["Q2 Paris."] * 2
+    [first] = echo.piece(Piece("Pa", None, 1, 1, None), 2)
+    [then] = echo.piece(Piece("ris", None, 2, 1, None), 2)
+    assert (first.choices[0].index, first.choices[0].text, then.choices[0].text) == (2, "Q2 Pa", "ris")
     # vLLM's continuous usage: every chunk says the usage so far, the role chunk the prompt's.
     continuous = ChatFormatter("llm", "chatcmpl-2", 1, oa.UsageReport(final=True, continuous=True))
     assert continuous.start(Piece("Pa", None, 1, 7, None), 0).usage.prompt_tokens == 7

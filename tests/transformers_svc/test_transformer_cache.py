@@ -366,3 +366,21 @@ def test_n_choices_streamed_through_the_cache(transformer: Transformer, predicto
     assert [c["text"] for c in whole.json()["choices"]] == streamed
     assert chunks[-1].usage.prompt_tokens == whole.json()["usage"]["prompt_tokens"]
     assert chunks[-1].usage.completion_tokens == whole.json()["usage"]["completion_tokens"]
+
+
+def test_completion_echo_is_not_part_of_the_answer(transformer: Transformer) -> None:
+    client = openai.OpenAI(base_url=transformer.openai_base, api_key="unused", max_retries=0)
+    prompt = unique("The capital of France is")
+    echoed = client.completions.with_raw_response.create(model="llm", prompt=prompt, temperature=0,
+                                                          max_tokens=6, echo=True)  # fmt: skip
+    assert echoed.headers["x-semserve-cache"] == "miss"
+    text = echoed.parse().choices[0].text
+    assert text.startswith(prompt) and len(text) > len(prompt)
+    # The entry holds the answer alone: the same request without echo is a hit without the prompt.
+    ask = {"model": "llm", "prompt": prompt, "temperature": 0, "max_tokens": 6}
+    plain = client.completions.with_raw_response.create(**ask)
+    assert plain.headers["x-semserve-cache"] == "exact"
+    assert prompt + plain.parse().choices[0].text == text
+    chunks = list(client.completions.create(**ask, echo=True, stream=True))
+    assert chunks[0].choices[0].text.startswith(prompt)
+    assert "".join(c.choices[0].text for c in chunks) == text
