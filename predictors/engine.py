@@ -253,6 +253,11 @@ class Engine:
                 f"of {self.max_model_len} tokens",
                 "max_tokens",
             )
+        vocabulary = len(self.tokenizer)
+        outside = [t for t in options.stop_token_ids if t >= vocabulary]
+        if outside:  # vLLM refuses them when the request is queued: a 400 before, not a 500 then
+            message = f"stop_token_ids {outside[:4]} are outside the vocabulary of {vocabulary} tokens"
+            raise BadRequest(message, "stop_token_ids")
         return Prepared(ids, options, self._params(options))
 
     async def tokens(self, prompt: str) -> list[int]:
@@ -305,8 +310,8 @@ class Engine:
             return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
         except VLLMClientError as exc:
             # semserve.sampling checks what vLLM checks; this is for a check a later vLLM adds.
-            field = getattr(exc, "parameter", None) or "sampling_parameters"
-            raise BadRequest(str(exc.args[0]) if exc.args else str(exc), field) from None
+            _raise_if_refused(exc)
+            raise
 
     async def generate(
         self, prepared: Prepared, request_id: str, protocol: str, operation: str = "text_completion"
@@ -390,6 +395,7 @@ class Engine:
                 # vLLM's EngineDeadError (a 500 to KServe): the documented 503 instead, and
                 # `watch` ends the process.
                 raise Unavailable("the engine died; the predictor is restarting") from None
+            _raise_if_refused(exc)
             raise
         finally:
             metrics.IN_FLIGHT.labels(*labels).dec()
@@ -436,6 +442,16 @@ class Engine:
             # ExceptionGroup would reach KServe as a 500 (gRPC INTERNAL).
             raise group.exceptions[0] from None
         return [t.result() for t in tasks]
+
+
+def _raise_if_refused(exc: BaseException) -> None:
+    """vLLM's refusal of a request (a check of its own that `prepare` does not make) as the 400 it
+    is, naming vLLM's parameter; anything else is left to its caller."""
+    from vllm.exceptions import VLLMClientError
+
+    if isinstance(exc, VLLMClientError):
+        field = getattr(exc, "parameter", None) or "sampling_parameters"
+        raise BadRequest(str(exc.args[0]) if exc.args else str(exc), field) from None
 
 
 @dataclass

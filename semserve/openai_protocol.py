@@ -99,6 +99,30 @@ def _not_utf8(value: Any, path: str = "") -> str | None:
     return None
 
 
+# vLLM's request fields that change what is answered and that these services do not honour, with
+# their defaults: set to anything else, a 400 names them rather than dropping them silently (other
+# unknown fields are ignored, as vLLM ignores them).
+_NOT_HONOURED: dict[str, Any] = {
+    "use_beam_search": False,
+    "length_penalty": 1.0,
+    "prompt_logprobs": None,
+    "top_logprobs": 0,
+    "allowed_token_ids": None,
+    "bad_words": [],
+    "logits_processors": None,
+    "truncate_prompt_tokens": None,
+    "spaces_between_special_tokens": True,
+    "structured_outputs": None,
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "return_token_ids": False,
+    "return_tokens_as_token_ids": False,
+    "prompt_embeds": None,
+}
+
+
 class _SamplingFields(_Encodable):
     # Unknown fields are accepted and ignored, as OpenAI-compatible servers do; fields we know but
     # cannot honour are rejected in `unsupported()` so nothing is silently dropped.
@@ -123,6 +147,9 @@ class _SamplingFields(_Encodable):
     repetition_penalty: float | None = Field(None, json_schema_extra={"exclusiveMinimum": 0})
     min_p: float | None = Field(None, json_schema_extra={"minimum": 0, "maximum": 1})
     min_tokens: int | None = Field(None, json_schema_extra={"minimum": 0})
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
     logprobs: Any = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
@@ -130,6 +157,9 @@ class _SamplingFields(_Encodable):
     def unsupported(self) -> None:
         if self.n < 1:
             raise BadRequest(f"n must be >= 1, got {self.n}", "n")
+        for name, value in (self.model_extra or {}).items():
+            if name in _NOT_HONOURED and value not in (None, _NOT_HONOURED[name]):
+                raise BadRequest(f"{name} is not supported by this model server", name)
         if self.logprobs not in (None, False, 0):
             raise BadRequest("logprobs is not supported", "logprobs")
         if self.logit_bias:
@@ -153,6 +183,9 @@ class _SamplingFields(_Encodable):
             "repetition_penalty": self.repetition_penalty,
             "min_p": self.min_p,
             "min_tokens": self.min_tokens,
+            "stop_token_ids": self.stop_token_ids,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "skip_special_tokens": self.skip_special_tokens,
         }
         return parse_sampling(params)
 

@@ -26,10 +26,16 @@ class SamplingOptions:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     min_tokens: int = 0
+    # vLLM's extensions that shape the text: token ids that end a generation besides EOS, the stop
+    # string kept in the text, special tokens (e.g. <|im_end|>) left in it.
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        d["stop_token_ids"] = list(self.stop_token_ids)
         return d
 
     def for_choice(self, index: int) -> SamplingOptions:
@@ -40,25 +46,34 @@ class SamplingOptions:
             return self
         return replace(self, seed=(self.seed + index) % 2**63)
 
-    def adjustments(self) -> dict[str, float | int]:
+    def adjustments(self) -> dict[str, Adjustment]:
         """The options of ADJUSTMENT_DEFAULTS set away from their defaults: what a cache key must
-        add to the first seven (an answer stored before they existed keys as it did)."""
+        add to the first seven (an answer stored before they existed keys as it did). JSON-able:
+        token ids as a list."""
         set_now = {k: getattr(self, k) for k in ADJUSTMENT_DEFAULTS}
-        return {k: v for k, v in set_now.items() if v != ADJUSTMENT_DEFAULTS[k]}
+        return {k: list(v) if isinstance(v, tuple) else v
+                for k, v in set_now.items() if v != ADJUSTMENT_DEFAULTS[k]}  # fmt: skip
 
 
-ADJUSTMENT_DEFAULTS: dict[str, float | int] = {
+Adjustment = float | int | bool | tuple[int, ...] | list[int]
+ADJUSTMENT_DEFAULTS: dict[str, Adjustment] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
     "repetition_penalty": 1.0,
     "min_p": 0.0,
     "min_tokens": 0,
+    "stop_token_ids": (),
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
 }
 SAMPLING_KEYS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", *ADJUSTMENT_DEFAULTS,
 )
 _INTEGERS = ("max_tokens", "top_k", "seed", "min_tokens")
 _FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+_BOOLEANS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+# vLLM takes any number; more than this many is a client bug, not a stop condition.
+MAX_STOP_TOKEN_IDS = 256
 
 
 def _number(name: str, value: Any, kind: type) -> Any:
@@ -98,11 +113,20 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
             values[key] = _number(key, raw, int)
         elif key in _FLOATS:
             values[key] = _number(key, raw, float)
-        elif key == "ignore_eos":
+        elif key in _BOOLEANS:
             if isinstance(raw, str) and raw.lower() in ("true", "false"):
                 raw = raw.lower() == "true"
             if not isinstance(raw, bool):
-                raise BadRequest("ignore_eos must be a boolean", key)
+                raise BadRequest(f"{key} must be a boolean", key)
+            values[key] = raw
+        elif key == "stop_token_ids":
+            ints = isinstance(raw, (list, tuple)) and all(type(t) is int for t in raw)  # bool is no id
+            if not ints:
+                raise BadRequest("stop_token_ids must be a list of integers", key)
+            if len(raw) > MAX_STOP_TOKEN_IDS:
+                raise BadRequest(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids", key)
+            if any(t < 0 for t in raw):
+                raise BadRequest("stop_token_ids must not be negative", key)
             values[key] = raw
         elif key == "stop":
             if isinstance(raw, str):
@@ -119,6 +143,7 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
                 raise BadRequest("stop strings must be valid UTF-8", key) from None
             values[key] = raw
     values["stop"] = tuple(values["stop"])
+    values["stop_token_ids"] = tuple(values["stop_token_ids"])
     opts = SamplingOptions(**values)
     check(opts)
     return opts

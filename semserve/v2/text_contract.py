@@ -210,13 +210,14 @@ def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
             raise BadRequest(f"{SAMPLING_INPUT} must be a JSON object", SAMPLING_INPUT)
         params = {**params, **parsed}
     stream = _stream_flag(request, params)
-    # `stop` may arrive as a JSON-encoded list in a string parameter (v2 parameters are scalars).
-    stop = params.get("stop")
-    if isinstance(stop, str) and stop.startswith("["):
-        try:
-            params["stop"] = json.loads(stop)
-        except json.JSONDecodeError:
-            raise BadRequest("stop is not a valid JSON list", "stop") from None
+    # Lists may arrive JSON-encoded in a string parameter (v2 parameters are scalars).
+    for name in ("stop", "stop_token_ids"):
+        value = params.get(name)
+        if isinstance(value, str) and value.startswith("["):
+            try:
+                params[name] = json.loads(value)
+            except json.JSONDecodeError:
+                raise BadRequest(f"{name} is not a valid JSON list", name) from None
     sampling = parse_sampling(params)
     extra = {k: v for k, v in params.items() if k not in sampling.to_dict()}
     return TextRequest(prompts=prompts, sampling=sampling, extra=extra, chats=chats, stream=stream)

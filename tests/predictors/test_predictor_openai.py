@@ -101,6 +101,11 @@ def test_sse_wire_format(predictor: Predictor) -> None:
         ({"model": "llm", "messages": QUESTION, "presence_penalty": 2.5}, 400, "presence_penalty must be"),
         ({"model": "llm", "messages": QUESTION, "repetition_penalty": 0}, 400, "repetition_penalty must"),
         ({"model": "llm", "messages": QUESTION, "min_p": 2}, 400, "min_p must be in [0, 1]"),
+        # vLLM refuses them only once queued; it answered 500 then.
+        ({"model": "llm", "messages": QUESTION, "stop_token_ids": [10**12]}, 400,
+         "stop_token_ids [1000000000000] are outside the vocabulary of 49152 tokens"),
+        ({"model": "llm", "messages": QUESTION, "guided_json": {"type": "object"}}, 400,
+         "guided_json is not supported"),
         ({"model": "llm", "messages": QUESTION, "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens must"),
         ({"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
         ({"model": "llm", "messages": [{"role": "user", "content": [
@@ -210,3 +215,28 @@ def test_completion_echo(client: openai.OpenAI) -> None:
     assert firsts[0].startswith(prompts[0]) and firsts[1].startswith(prompts[1])
     streamed = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in (0, 1)]
     assert streamed == [c.text for c in echoed.choices]
+
+
+def test_vllm_s_stop_extensions(client: openai.OpenAI) -> None:
+    from transformers import AutoTokenizer
+
+    from semserve import model_prep
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_prep.prepare().model_dir))
+    ask = {"model": "llm", "prompt": "The capital of France is", "temperature": 0, "max_tokens": 8}
+    plain = client.completions.create(**ask).choices[0]
+    ids = tokenizer(plain.text, add_special_tokens=False)["input_ids"]
+    assert len(ids) >= 3, plain
+    # stop_token_ids: the generation ends at that token, left out of the text (as vLLM does).
+    cut = client.completions.create(**ask, extra_body={"stop_token_ids": [ids[1]]}).choices[0]
+    assert cut.finish_reason == "stop" and cut.text == tokenizer.decode(ids[:1]), (cut, plain)
+    # include_stop_str_in_output: the stop string ends the text instead of being cut from it.
+    word = plain.text.split()[1]
+    without = client.completions.create(**ask, stop=[word]).choices[0]
+    kept = client.completions.create(**ask, stop=[word], extra_body={"include_stop_str_in_output": True})
+    assert without.finish_reason == "stop" and word not in without.text, without
+    assert kept.choices[0].text == without.text + word, (kept, without)
+    # Known vLLM fields not honoured here are a 400 naming them, never dropped silently.
+    with pytest.raises(openai.BadRequestError, match="use_beam_search is not supported"):
+        client.completions.create(**ask, extra_body={"use_beam_search": True})
+    client.completions.create(**ask, extra_body={"use_beam_search": False, "bad_words": []})  # defaults

@@ -30,6 +30,11 @@ def test_defaults_are_vllm_s_and_adjust_nothing() -> None:
         ({"min_tokens": 4, "max_tokens": 4}, {"min_tokens": 4}),
         ({"min_tokens": 4.0}, {"min_tokens": 4}),
         ({"presence_penalty": None}, {}),
+        ({"stop_token_ids": [2, 7]}, {"stop_token_ids": [2, 7]}),  # JSON-able in a key
+        ({"stop_token_ids": []}, {}),
+        ({"include_stop_str_in_output": True}, {"include_stop_str_in_output": True}),
+        ({"skip_special_tokens": "false"}, {"skip_special_tokens": False}),  # v2 string parameters
+        ({"skip_special_tokens": True}, {}),
     ],
 )
 def test_adjustments_parsed(params: dict[str, Any], adjusted: dict[str, Any]) -> None:
@@ -52,6 +57,12 @@ def test_adjustments_parsed(params: dict[str, Any], adjusted: dict[str, Any]) ->
         ({"min_tokens": -1}, "min_tokens", "min_tokens must be in [0, max_tokens (128)], got -1"),
         ({"min_tokens": 9, "max_tokens": 8}, "min_tokens", "min_tokens must be in [0, max_tokens (8)]"),
         ({"min_tokens": 1.5}, "min_tokens", "min_tokens must be an integer"),
+        ({"stop_token_ids": 2}, "stop_token_ids", "stop_token_ids must be a list of integers"),
+        ({"stop_token_ids": [2, "x"]}, "stop_token_ids", "stop_token_ids must be a list of integers"),
+        ({"stop_token_ids": [True]}, "stop_token_ids", "stop_token_ids must be a list of integers"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids", "stop_token_ids must not be negative"),
+        ({"stop_token_ids": [1] * 257}, "stop_token_ids", "stop_token_ids may hold at most 256 ids"),
+        ({"skip_special_tokens": 1}, "skip_special_tokens", "skip_special_tokens must be a boolean"),
     ],
 )
 def test_out_of_range_is_a_400_naming_the_field(params: dict[str, Any], field: str, message: str) -> None:

@@ -95,13 +95,26 @@ def test_sampling_parameters_and_system_prompt_change_the_key(transformer: Trans
     assert chat(transformer, q).headers["x-semserve-cache"] == "exact"
     assert chat(transformer, q, max_tokens=25).headers["x-semserve-cache"] == "miss"
     assert chat(transformer, q, seed=3).headers["x-semserve-cache"] == "miss"
-    # vLLM's penalties, min_p and min_tokens change the answer: each keys apart, then hits itself.
-    for adjustment in ({"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repetition_penalty": 1.2},
-                       {"min_p": 0.1}, {"min_tokens": 2}):  # fmt: skip
+    # vLLM's penalties, min_p, min_tokens and text options change the answer: each keys apart, then
+    # hits itself.
+    adjustments = [{"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repetition_penalty": 1.2},
+                   {"min_p": 0.1}, {"min_tokens": 2}, {"stop_token_ids": [13]},
+                   {"skip_special_tokens": False},
+                   {"stop": ["."], "include_stop_str_in_output": True}]  # fmt: skip
+    for adjustment in adjustments:
         assert chat(transformer, q, **adjustment).headers["x-semserve-cache"] == "miss", adjustment
         assert chat(transformer, q, **adjustment).headers["x-semserve-cache"] == "exact", adjustment
     # At its default an adjustment is no adjustment: the plain request's entry.
-    assert chat(transformer, q, repetition_penalty=1.0, min_tokens=0).headers["x-semserve-cache"] == "exact"
+    defaults = {"repetition_penalty": 1.0, "min_tokens": 0, "stop_token_ids": [], "skip_special_tokens": True}
+    assert chat(transformer, q, **defaults).headers["x-semserve-cache"] == "exact"
+    # They reach the predictor: the stop string stays in the text when asked to.
+    [cut, kept] = [chat(transformer, q, stop=["."], include_stop_str_in_output=keep, max_tokens=40)
+                   for keep in (False, True)]  # fmt: skip
+    [cut_text, kept_text] = [r.json()["choices"][0]["message"]["content"] for r in (cut, kept)]
+    assert kept_text == cut_text + ".", (cut_text, kept_text)
+    # v2 takes the token ids as a JSON list in a string parameter, as it takes `stop`.
+    assert out(v2(transformer, [q], stop_token_ids="[13]"))["cache_status"] == ["miss"]
+    assert out(v2(transformer, [q], stop_token_ids="[13]"))["cache_status"] == ["exact"]
     with_system = {"model": "llm", "temperature": 0, "max_tokens": 24, "messages": [
         {"role": "system", "content": "Answer in French."}, {"role": "user", "content": q}]}
     r = httpx.post(f"{transformer.openai_base}/chat/completions", json=with_system, timeout=120)
