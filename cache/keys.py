@@ -44,6 +44,8 @@ _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
 
 
 def _at_default(name: str, value: Any) -> bool:
+    if name == "logprobs":  # what is reported beside the answer, not the answer (and never cached)
+        return True
     if isinstance(value, list):  # token ids, from JSON
         value = tuple(value)
     return name in ADJUSTMENT_DEFAULTS and value == ADJUSTMENT_DEFAULTS[name]

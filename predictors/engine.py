@@ -28,7 +28,7 @@ from predictors.config import PredictorSettings
 from predictors.inproc_engine import InprocLLM
 from predictors.sleep import SleepControl
 from semserve import tracing
-from semserve.answer import Answer, Piece, answer_of
+from semserve.answer import Answer, Logprobs, Piece, TokenLogprob, answer_of
 from semserve.errors import BadRequest, Unavailable
 from semserve.logs import get_logger
 from semserve.openai_protocol import ChatPrompt
@@ -380,9 +380,11 @@ class Engine:
                     tokens += new_tokens
                     finish = piece.finish_reason if out.finished else None
                     finish_reason = finish or finish_reason
-                    if piece.text or finish:
+                    # A token whose text is not whole yet still brings its logprobs when asked.
+                    logprobs = _logprobs_of(piece, opts.logprobs) if opts.logprobs is not None else None
+                    if piece.text or finish or logprobs:
                         digest.update(piece.text.encode())
-                        yield Piece(piece.text, finish, tokens, prompt_tokens)
+                        yield Piece(piece.text, finish, tokens, prompt_tokens, logprobs=logprobs)
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
             # AsyncLLM.generate aborts the engine request on cancellation; we count it.
@@ -442,6 +444,19 @@ class Engine:
             # ExceptionGroup would reach KServe as a 500 (gRPC INTERNAL).
             raise group.exceptions[0] from None
         return [t.result() for t in tasks]
+
+
+def _logprobs_of(output: Any, top: int) -> Logprobs:
+    """The new tokens' logprobs of a vLLM CompletionOutput (a delta): each token's own, and the
+    `top` most likely at its place, most likely first."""
+    out = []
+    for token_id, position in zip(output.token_ids, output.logprobs or (), strict=False):
+        chosen = position[token_id]
+        ranked = sorted((lp for lp in position.values() if lp.rank is not None and lp.rank <= top),
+                        key=lambda lp: lp.rank)  # fmt: skip
+        alternatives = tuple((lp.decoded_token or "", lp.logprob) for lp in ranked)
+        out.append(TokenLogprob(chosen.decoded_token or "", chosen.logprob, alternatives))
+    return tuple(out)
 
 
 def _raise_if_refused(exc: BaseException) -> None:

@@ -15,7 +15,7 @@ from kserve import InferRequest, InferResponse
 from predictors.config import PredictorSettings
 from predictors.engine import Engine, Prepared
 from semserve import tracing, v2
-from semserve.answer import Answer
+from semserve.answer import step_of
 from semserve.errors import BadRequest, Unavailable
 from semserve.errors import BadRequest as InvalidInput400
 from semserve.errors import Unavailable as Unavailable503
@@ -90,8 +90,7 @@ class VLLMPredictor(TextModel):
             if piece.finish_reason:
                 unfinished -= 1
             # A v2 piece response carries the new text and the counts so far in the answer columns.
-            step = Answer(piece.text, piece.finish_reason or "", piece.completion_tokens)
-            response = v2.piece_response(self.name, rid, size, index, step, params)
+            response = v2.piece_response(self.name, rid, size, index, step_of(piece), params)
             yield v2.StreamPart(response, final=unfinished == 0)
 
     async def _prepare(self, payload: InferRequest) -> tuple[v2.TextRequest, list[Prepared]]:

@@ -7,12 +7,15 @@ and formats answers or pieces as OpenAI objects and chunks.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from predictors.config import PredictorSettings
 from predictors.engine import Engine, Prepared
 from semserve import openai_protocol as oa
 from semserve import tracing
+from semserve.answer import Piece, answer_of
 from semserve.errors import NotFound
+from semserve.openai_format import ChatFormatter, CompletionFormatter, Formatter
 from semserve.openai_routes import MODEL_REVISION_HEADER, OpenAIHttpCall
 from semserve.streams import merge_streams
 
@@ -48,43 +51,11 @@ class PredictorOpenAI:
         req.check_choices(len(prompts), self.settings.max_batch_size)
         # Prompt by prompt, its n choices together (vLLM's order: choice index = prompt * n + j).
         prepared = [await self.engine.prepare(p, o) for p in prompts for o in req.choices(options)]
-        rid, created = oa.new_id("cmpl"), oa.now()
+        fmt = CompletionFormatter(self.name, oa.new_id("cmpl"), oa.now(), req.usage_report, req.echoes())
         self._label(ctx)
         if req.stream:
-            return self._stream_completion(prepared, req.n, rid, created, ctx, req.usage_report, req.echoes())
-        answers = await self.engine.answers(prepared, ctx.request_id, PROTOCOL)
-        echo = req.echoes()
-        return oa.completion(
-            rid,
-            self.name,
-            created,
-            [echo.whole(i, a.text) for i, a in enumerate(answers)],
-            [a.finish_reason for a in answers],
-            sum(a.prompt_tokens for a in answers[:: req.n]),  # each prompt once, as vLLM counts
-            sum(a.completion_tokens for a in answers),
-        )
-
-    async def _stream_completion(
-        self,
-        prepared: list[Prepared],
-        n: int,
-        rid: str,
-        created: int,
-        ctx: OpenAIHttpCall,
-        usage: oa.UsageReport,
-        echo: oa.Echo,
-    ) -> AsyncIterator[oa.Completion]:
-        prompt_tokens = sum(len(p.token_ids) for p in prepared[::n])  # each prompt once, as vLLM counts
-        completion_tokens = [0] * len(prepared)
-        async for index, piece in merge_streams(
-            [self.engine.generate(p, f"{ctx.request_id}-{i}", PROTOCOL) for i, p in enumerate(prepared)]
-        ):
-            completion_tokens[index] = piece.completion_tokens
-            so_far = usage.so_far(piece.prompt_tokens, piece.completion_tokens)
-            text = echo.piece(index, piece.text)
-            yield oa.completion_chunk(rid, self.name, created, index, text, piece.finish_reason, so_far)
-        if usage.final:
-            yield oa.completion_usage_chunk(rid, self.name, created, prompt_tokens, sum(completion_tokens))
+            return self._stream(prepared, fmt, ctx, "text_completion")
+        return fmt.whole(await self.engine.answers(prepared, ctx.request_id, PROTOCOL))
 
     async def chat_completions(
         self, req: oa.ChatCompletionRequest, ctx: OpenAIHttpCall
@@ -94,45 +65,28 @@ class PredictorOpenAI:
         prompt = self.engine.render_chat(req.prompt())
         req.check_choices(1, self.settings.max_batch_size)
         prepared = [await self.engine.prepare(prompt, o, field="messages") for o in req.choices(options)]
-        rid, created = oa.new_id("chatcmpl"), oa.now()
+        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report, req.n)
         self._label(ctx)
         if req.stream:
-            return self._stream_chat(prepared, rid, created, ctx, req.usage_report)
-        answers = await self.engine.answers(prepared, ctx.request_id, PROTOCOL, "chat")
-        return oa.chat_completion(
-            rid,
-            self.name,
-            created,
-            [a.text for a in answers],
-            [a.finish_reason for a in answers],
-            answers[0].prompt_tokens,
-            sum(a.completion_tokens for a in answers),
-        )
+            return self._stream(prepared, fmt, ctx, "chat")
+        return fmt.whole(await self.engine.answers(prepared, ctx.request_id, PROTOCOL, "chat"))
 
-    async def _stream_chat(
-        self, prepared: list[Prepared], rid: str, created: int, ctx: OpenAIHttpCall, usage: oa.UsageReport
-    ) -> AsyncIterator[oa.ChatCompletionChunk]:
-        prompt_tokens = len(prepared[0].token_ids)  # one prompt, its n choices
-
-        def chunk(index: int, content: str | None, finish_reason: str | None = None, *, role: bool = False,
-                  completion_tokens: int = 0) -> oa.ChatCompletionChunk:  # fmt: skip
-            so_far = usage.so_far(prompt_tokens, completion_tokens)
-            return oa.chat_chunk(rid, self.name, created, content, finish_reason, role, so_far, usage.final,
-                                 index=index)  # fmt: skip
-
-        # OpenAI sends each choice's role first, in a chunk of its own with empty content.
-        for index in range(len(prepared)):
-            yield chunk(index, "", role=True)
-        completion_tokens = [0] * len(prepared)
+    async def _stream(
+        self, prepared: list[Prepared], fmt: Formatter, ctx: OpenAIHttpCall, operation: str
+    ) -> AsyncIterator[Any]:
+        """Every choice's pieces as they come, each chunk naming its choice."""
+        for i, p in enumerate(prepared):
+            opening = fmt.start(Piece("", None, 0, len(p.token_ids)), i)
+            if opening is not None:
+                yield opening
         one = len(prepared) == 1
+        seen: list[list[Piece]] = [[] for _ in prepared]
         async for index, piece in merge_streams([
-            self.engine.generate(p, ctx.request_id if one else f"{ctx.request_id}-{i}", PROTOCOL, "chat")
+            self.engine.generate(p, ctx.request_id if one else f"{ctx.request_id}-{i}", PROTOCOL, operation)
             for i, p in enumerate(prepared)
         ]):
-            completion_tokens[index] = piece.completion_tokens
-            if piece.text:
-                yield chunk(index, piece.text, completion_tokens=piece.completion_tokens)
-            if piece.finish_reason:
-                yield chunk(index, None, piece.finish_reason, completion_tokens=piece.completion_tokens)
-        if usage.final:
-            yield oa.chat_usage_chunk(rid, self.name, created, prompt_tokens, sum(completion_tokens))
+            seen[index].append(piece)
+            for chunk in fmt.piece(piece, index):
+                yield chunk
+        if fmt.usage_report.final:
+            yield fmt.total_usage([answer_of(pieces) for pieces in seen])

@@ -16,12 +16,40 @@ COMPLETE = ("stop", "length")  # finish reasons of a whole answer (not cut off, 
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token as vLLM's `logprobs` reports it: its text, its logprob, and the most
+    likely tokens at its place (most likely first) with theirs."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+    def to_json(self) -> list[Any]:
+        return [self.token, self.logprob, [list(t) for t in self.top]]
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TokenLogprob:
+        """The inverse of to_json; ValueError when `obj` is not one."""
+        try:
+            token, logprob, top = obj
+            alternatives = tuple((str(t), float(lp)) for t, lp in top)
+            return cls(str(token), float(logprob), alternatives)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a token logprob: {obj!r}") from exc
+
+
+Logprobs = tuple[TokenLogprob, ...]
+
+
+@dataclass(frozen=True)
 class Answer:
     text: str
     finish_reason: str  # "" when the generation never finished
     completion_tokens: int
     prompt_tokens: int = 0
     model_revision: str | None = None  # None: the predictor reported none
+    # Each token's logprobs, when the request asked for them (never cached: such requests bypass).
+    logprobs: Logprobs | None = None
 
     @property
     def complete(self) -> bool:
@@ -68,6 +96,7 @@ class Piece:
     completion_tokens: int  # so far
     prompt_tokens: int
     model_revision: str | None = None  # None: the predictor reports none
+    logprobs: Logprobs | None = None  # the new tokens', when asked for
 
 
 def answer_of(pieces: list[Piece]) -> Answer:
@@ -80,13 +109,21 @@ def answer_of(pieces: list[Piece]) -> Answer:
         completion_tokens=last.completion_tokens if last else 0,
         prompt_tokens=max((p.prompt_tokens for p in pieces), default=0),
         model_revision=next((p.model_revision for p in pieces if p.model_revision), None),
+        logprobs=None if all(p.logprobs is None for p in pieces)
+        else tuple(t for p in pieces for t in p.logprobs or ()),
     )
+
+
+def step_of(piece: Piece) -> Answer:
+    """A piece as the answer columns of one streamed v2 response: its new text and logprobs, its
+    finish reason ("" before the last) and the completion tokens so far."""
+    return Answer(piece.text, piece.finish_reason or "", piece.completion_tokens, logprobs=piece.logprobs)
 
 
 def whole_piece(answer: Answer) -> Piece:
     """An answer as the one piece of a generation (a unary generation, a peer replica's answer)."""
     return Piece(answer.text, answer.finish_reason or None, answer.completion_tokens,
-                 answer.prompt_tokens, answer.model_revision)  # fmt: skip
+                 answer.prompt_tokens, answer.model_revision, answer.logprobs)  # fmt: skip
 
 
 # Replayed hits arrive as word-sized pieces, like a generation would.

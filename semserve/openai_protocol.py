@@ -16,20 +16,25 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from semserve.answer import Logprobs
 from semserve.errors import BadRequest
 from semserve.openai_wire import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionMessage,
+    ChatCompletionTokenLogprob,
     ChoiceDelta,
+    ChoiceLogprobs,
     ChunkChoice,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionUsage,
     OpenAIModelCard,
+    TopLogprob,
 )
-from semserve.sampling import SamplingOptions, parse_sampling
+from semserve.sampling import MAX_LOGPROBS, SamplingOptions, parse_sampling
 
 __all__ = [
     "ChatCompletion",
@@ -106,7 +111,6 @@ _NOT_HONOURED: dict[str, Any] = {
     "use_beam_search": False,
     "length_penalty": 1.0,
     "prompt_logprobs": None,
-    "top_logprobs": 0,
     "allowed_token_ids": None,
     "bad_words": [],
     "logits_processors": None,
@@ -150,7 +154,6 @@ class _SamplingFields(_Encodable):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
-    logprobs: Any = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
@@ -160,8 +163,6 @@ class _SamplingFields(_Encodable):
         for name, value in (self.model_extra or {}).items():
             if name in _NOT_HONOURED and value not in (None, _NOT_HONOURED[name]):
                 raise BadRequest(f"{name} is not supported by this model server", name)
-        if self.logprobs not in (None, False, 0):
-            raise BadRequest("logprobs is not supported", "logprobs")
         if self.logit_bias:
             raise BadRequest("logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
@@ -186,8 +187,13 @@ class _SamplingFields(_Encodable):
             "stop_token_ids": self.stop_token_ids,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
+            "logprobs": self.logprobs_asked(),
         }
         return parse_sampling(params)
+
+    def logprobs_asked(self) -> int | None:
+        """How many most likely tokens to report beside each generated one; None: no logprobs."""
+        return None
 
     def check_choices(self, prompts: int, max_batch_size: int) -> None:
         """Prompts times choices is what runs at once: a 400 past --max-batch-size."""
@@ -222,6 +228,8 @@ def _prompt_schema(schema: dict[str, Any]) -> None:
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] = Field(json_schema_extra=_prompt_schema)
     echo: bool | None = False  # vLLM takes null as false
+    # The most likely tokens to report beside each generated one (0: its own logprob only).
+    logprobs: int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_LOGPROBS})
     suffix: str | None = None
     best_of: int | None = None
 
@@ -247,8 +255,13 @@ class CompletionRequest(_SamplingFields):
     def echoes(self) -> Echo:
         return Echo(self.prompts if self.echo else None, self.n)
 
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
+
     def unsupported(self) -> None:
         super().unsupported()
+        if self.echo and self.logprobs is not None:
+            raise BadRequest("echo with logprobs is not supported (it needs the prompt's logprobs)", "echo")
         if self.suffix:
             raise BadRequest("suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
@@ -371,6 +384,15 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_LOGPROBS})
+
+    def logprobs_asked(self) -> int | None:
+        if self.logprobs:
+            return self.top_logprobs or 0
+        if self.top_logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
 
     def effective_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -434,15 +456,17 @@ def completion(
     finish_reasons: list[str],
     prompt_tokens: int,
     completion_tokens: int,
+    logprobs: list[CompletionLogprobs | None] | None = None,
 ) -> Completion:
+    reported = logprobs or [None] * len(texts)
     return Completion(
         id=rid,
         object="text_completion",
         created=created,
         model=model,
         choices=[
-            CompletionChoice(index=i, text=t, finish_reason=_finish(f), logprobs=None)
-            for i, (t, f) in enumerate(zip(texts, finish_reasons, strict=True))
+            CompletionChoice(index=i, text=t, finish_reason=_finish(f), logprobs=lp)
+            for i, (t, f, lp) in enumerate(zip(texts, finish_reasons, reported, strict=True))
         ],
         usage=usage(prompt_tokens, completion_tokens),
     )
@@ -450,13 +474,13 @@ def completion(
 
 def completion_chunk(
     rid: str, model: str, created: int, index: int, text: str, finish_reason: str | None,
-    usage_so_far: CompletionUsage | None = None,
+    usage_so_far: CompletionUsage | None = None, logprobs: CompletionLogprobs | None = None,
 ) -> Completion:
     # Streaming completions reuse the Completion type; finish_reason is null until the last piece,
     # which the pydantic type allows only through model_construct.
     choice = CompletionChoice.model_construct(
         index=index, text=text, finish_reason=_finish(finish_reason) if finish_reason else None,
-        logprobs=None,
+        logprobs=logprobs,
     )
     return Completion.model_construct(
         id=rid, object="text_completion", created=created, model=model, choices=[choice],
@@ -475,9 +499,10 @@ def completion_usage_chunk(
 
 def chat_completion(
     rid: str, model: str, created: int, texts: list[str], finish_reasons: list[str], prompt_tokens: int,
-    completion_tokens: int,
+    completion_tokens: int, logprobs: list[ChoiceLogprobs | None] | None = None,
 ) -> ChatCompletion:
     """One choice per text (OpenAI's `n`); usage counts the prompt once and every choice's tokens."""
+    reported = logprobs or [None] * len(texts)
     return ChatCompletion(
         id=rid,
         object="chat.completion",
@@ -488,9 +513,9 @@ def chat_completion(
                 index=i,
                 message=ChatCompletionMessage(role="assistant", content=text),
                 finish_reason=_finish(reason),
-                logprobs=None,
+                logprobs=lp,
             )
-            for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True))
+            for i, (text, reason, lp) in enumerate(zip(texts, finish_reasons, reported, strict=True))
         ],
         usage=usage(prompt_tokens, completion_tokens),
     )
@@ -506,6 +531,7 @@ def chat_chunk(
     usage_so_far: CompletionUsage | None = None,
     with_usage: bool = False,
     index: int = 0,
+    logprobs: ChoiceLogprobs | None = None,
 ) -> ChatCompletionChunk:
     delta = ChoiceDelta(role="assistant" if role else None, content=content)
     # `with_usage` (the request's include_usage): the field is set, null but on the last chunk
@@ -518,7 +544,8 @@ def chat_chunk(
         model=model,
         choices=[
             ChunkChoice(
-                index=index, delta=delta, finish_reason=_finish(finish_reason) if finish_reason else None
+                index=index, delta=delta, finish_reason=_finish(finish_reason) if finish_reason else None,
+                logprobs=logprobs,
             )
         ],
         **usage_field,
@@ -536,6 +563,60 @@ def chat_usage_chunk(
         choices=[],
         usage=usage(prompt_tokens, completion_tokens),
     )
+
+
+# What JSON can carry of a logprob of -inf, as vLLM clamps it.
+_LOWEST_LOGPROB = -9999.0
+
+
+def _logprob(value: float) -> float:
+    return max(value, _LOWEST_LOGPROB)
+
+
+def chat_logprobs(logprobs: Logprobs) -> ChoiceLogprobs:
+    """Tokens' logprobs as a chat choice (or chunk) reports them."""
+
+    def top(token: str, logprob: float) -> TopLogprob:
+        return TopLogprob(token=token, bytes=list(token.encode()), logprob=_logprob(logprob))
+
+    return ChoiceLogprobs(content=[
+        ChatCompletionTokenLogprob(**top(t.token, t.logprob).model_dump(),
+                                   top_logprobs=[top(a, lp) for a, lp in t.top])
+        for t in logprobs
+    ])  # fmt: skip
+
+
+def completion_logprobs(logprobs: Logprobs, offset: int = 0) -> CompletionLogprobs:
+    """Tokens' logprobs as a completion choice (or chunk) reports them; `offset`: where the first
+    token starts in the choice's text."""
+    offsets = []
+    for t in logprobs:
+        offsets.append(offset)
+        offset += len(t.token)
+    return CompletionLogprobs(
+        text_offset=offsets,
+        token_logprobs=[_logprob(t.logprob) for t in logprobs],
+        tokens=[t.token for t in logprobs],
+        top_logprobs=[{a: _logprob(lp) for a, lp in t.top} for t in logprobs],
+    )
+
+
+class LogprobsReport:
+    """The logprobs of a response's choices as its route reports them (None: not asked for): a
+    chat's, or a completion's, whose text offsets run on over a choice's pieces."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self._offsets: dict[int, int] = {}
+
+    def of(self, index: int, logprobs: Logprobs | None) -> Any:
+        if logprobs is None:
+            return None
+        if self.chat:
+            return chat_logprobs(logprobs)
+        at = self._offsets.get(index, 0)
+        self._offsets[index] = at + sum(len(t.token) for t in logprobs)
+        return completion_logprobs(logprobs, at)
 
 
 def model_card(name: str, created: int, owned_by: str = "semserve") -> OpenAIModelCard:

@@ -6,7 +6,7 @@ Field for field (names, order, defaults) the `openai` package's own types (opena
 its client parses; tests/semserve/test_openai_wire.py compares the JSON of both for every builder in
 semserve/openai_protocol.py. Ours because importing any of `openai.types` imports the whole `openai`
 package (its HTTP clients, ~530 modules): ~0.9 s of a 2-core transformer start, for ten small
-models. Nested objects we never send (logprobs, tool calls, audio, ...) are typed `Any`.
+models. Nested objects we never send (tool calls, audio, ...) are typed `Any`.
 """
 
 from __future__ import annotations
@@ -32,10 +32,19 @@ class CompletionUsage(_Wire):
     prompt_tokens_details: Any = None
 
 
+class CompletionLogprobs(_Wire):
+    """openai.types.completion_choice.Logprobs."""
+
+    text_offset: list[int] | None = None
+    token_logprobs: list[float] | None = None
+    tokens: list[str] | None = None
+    top_logprobs: list[dict[str, float]] | None = None
+
+
 class CompletionChoice(_Wire):
     finish_reason: FinishReason
     index: int
-    logprobs: Any = None
+    logprobs: CompletionLogprobs | None = None
     text: str
 
 
@@ -59,10 +68,32 @@ class ChatCompletionMessage(_Wire):
     tool_calls: Any = None
 
 
+class TopLogprob(_Wire):
+    """openai.types.chat.chat_completion_token_logprob.TopLogprob."""
+
+    token: str
+    bytes: list[int] | None = None
+    logprob: float
+
+
+class ChatCompletionTokenLogprob(_Wire):
+    token: str
+    bytes: list[int] | None = None
+    logprob: float
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(_Wire):
+    """openai.types.chat.chat_completion.ChoiceLogprobs (and the chunk's, field for field)."""
+
+    content: list[ChatCompletionTokenLogprob] | None = None
+    refusal: list[ChatCompletionTokenLogprob] | None = None
+
+
 class ChatChoice(_Wire):
     finish_reason: ChatFinishReason
     index: int
-    logprobs: Any = None
+    logprobs: ChoiceLogprobs | None = None
     message: ChatCompletionMessage
 
 
@@ -92,7 +123,7 @@ class ChunkChoice(_Wire):
     delta: ChoiceDelta
     index: int
     finish_reason: ChatFinishReason | None = None
-    logprobs: Any = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(_Wire):

@@ -31,6 +31,9 @@ class SamplingOptions:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # How many most likely tokens to report beside each generated one (0: its own logprob only);
+    # None: no logprobs. Not part of any cache key: requests for logprobs bypass the cache.
+    logprobs: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -68,8 +71,11 @@ ADJUSTMENT_DEFAULTS: dict[str, Adjustment] = {
 }
 SAMPLING_KEYS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", *ADJUSTMENT_DEFAULTS,
+    "logprobs",
 )
-_INTEGERS = ("max_tokens", "top_k", "seed", "min_tokens")
+_INTEGERS = ("max_tokens", "top_k", "seed", "min_tokens", "logprobs")
+# vLLM's default --max-logprobs, and OpenAI's limit.
+MAX_LOGPROBS = 20
 _FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 _BOOLEANS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
 # vLLM takes any number; more than this many is a client bug, not a stop condition.
@@ -168,6 +174,8 @@ def check(opts: SamplingOptions) -> None:
         raise BadRequest(f"{name} must be > 0, got {opts.repetition_penalty}", name)
     if not 0 <= opts.min_p <= 1:
         raise BadRequest(f"min_p must be in [0, 1], got {opts.min_p}", "min_p")
+    if opts.logprobs is not None and not 0 <= opts.logprobs <= MAX_LOGPROBS:
+        raise BadRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {opts.logprobs}", "logprobs")
     if not 0 <= opts.min_tokens <= opts.max_tokens:
         raise BadRequest(
             f"min_tokens must be in [0, max_tokens ({opts.max_tokens})], got {opts.min_tokens}", "min_tokens"

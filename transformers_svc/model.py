@@ -20,7 +20,7 @@ from kserve import InferRequest, InferResponse
 from kserve.errors import ModelNotFound
 
 from semserve import v2
-from semserve.answer import Answer, Piece
+from semserve.answer import Answer, Piece, step_of
 from semserve.errors import BadRequest, NotFound, Overloaded, Unavailable
 from semserve.errors import BadRequest as InvalidInput400
 from semserve.errors import Unavailable as Unavailable503
@@ -190,7 +190,7 @@ class SemanticCacheTransformer(TextModel):
                 params[name] = _wire_number(call.ctx, value)
             response = v2.piece_response(
                 self.name, call.ctx.request_id, size, index,
-                Answer(piece.text, piece.finish_reason or "", piece.completion_tokens),
+                step_of(piece),
                 params,
                 {CACHE_STATUS: [s if i == index else "" for i, s in enumerate(statuses)]},
             )
@@ -229,4 +229,5 @@ def similarity_parameters(outcomes: list[tuple[str, float | None]]) -> dict[str,
 
 
 def _result(answer: Answer) -> Answer:
-    return Answer(answer.text, answer.finish_reason, answer.completion_tokens, answer.prompt_tokens)
+    return Answer(answer.text, answer.finish_reason, answer.completion_tokens, answer.prompt_tokens,
+                  logprobs=answer.logprobs)  # fmt: skip

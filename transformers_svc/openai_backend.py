@@ -2,8 +2,8 @@
 parse, build one AnswerRequest per prompt, call `answer` or `stream`, and format (cache headers,
 SSE chunks). Nothing here decides about the cache.
 
-Chat and completions differ only in their wire format: a formatter each (`ChatFormatter`,
-`CompletionFormatter`) turns answers and pieces into OpenAI's objects. Each request's context is
+Chat and completions differ only in their wire format: a formatter each (semserve/openai_format.py)
+turns answers and pieces into OpenAI's objects. Each request's context is
 made here, once; how it ended goes to the pipeline's `report` (metrics, the request log).
 """
 
@@ -21,8 +21,9 @@ from pydantic import BaseModel
 from cache.keys import Kind
 from semserve import openai_protocol as oa
 from semserve import openai_routes, tracing
-from semserve.answer import Answer, Piece, answer_of
+from semserve.answer import Piece, answer_of
 from semserve.errors import BadRequest, NotFound
+from semserve.openai_format import ChatFormatter, CompletionFormatter, Formatter
 from semserve.streams import merge_streams
 from transformers_svc.answer_pipeline import (
     SERVED,
@@ -55,91 +56,6 @@ def _cache_headers(http: openai_routes.OpenAIHttpCall, status: str, similarity: 
     served = all(s in SERVED for s in status.split(","))
     name = "x-semserve-cache-similarity" if served else "x-semserve-cache-rejected-similarity"
     http.response_headers[name] = f"{similarity:.4f}"
-
-
-class Formatter:
-    """How answers and the pieces of a generation become one OpenAI response or stream."""
-
-    def __init__(self, model: str, rid: str, created: int, usage: oa.UsageReport, n: int = 1) -> None:
-        self.model, self.rid, self.created = model, rid, created
-        self.usage_report = usage
-        self.n = n  # choices per prompt: choice i answers prompt i // n
-
-    def whole(self, answers: list[Answer]) -> Any:
-        raise NotImplementedError
-
-    def start(self, first: Piece | None, index: int) -> Any:
-        """The chunk of choice `index` before its first piece (`first`, when it is known by then),
-        if any."""
-        return None
-
-    def piece(self, piece: Piece, index: int) -> list[Any]:
-        raise NotImplementedError
-
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
-        raise NotImplementedError
-
-    def total_usage(self, answers: list[Answer]) -> Any:
-        """The closing usage chunk over all choices: each prompt's tokens once, as vLLM counts."""
-        return self.usage(sum(a.prompt_tokens for a in answers[:: self.n]),
-                          sum(a.completion_tokens for a in answers))  # fmt: skip
-
-
-class ChatFormatter(Formatter):
-    def whole(self, answers: list[Answer]) -> oa.ChatCompletion:
-        # One answer per choice (OpenAI's n) of one prompt: its tokens counted once.
-        return oa.chat_completion(self.rid, self.model, self.created, [a.text for a in answers],
-                                  [a.finish_reason for a in answers], answers[0].prompt_tokens,
-                                  sum(a.completion_tokens for a in answers))  # fmt: skip
-
-    def start(self, first: Piece | None, index: int) -> Any:
-        # OpenAI sends each choice's role first, in a chunk of its own with empty content.
-        so_far = self.usage_report.so_far(first.prompt_tokens, 0) if first is not None else None
-        return self._chunk("", None, so_far, index, role=True)
-
-    def piece(self, piece: Piece, index: int) -> list[Any]:
-        so_far = self.usage_report.so_far(piece.prompt_tokens, piece.completion_tokens)
-        out = []
-        if piece.text:
-            out.append(self._chunk(piece.text, None, so_far, index))
-        if piece.finish_reason:
-            out.append(self._chunk(None, piece.finish_reason, so_far, index))
-        return out
-
-    def _chunk(
-        self, content: str | None, finish_reason: str | None, so_far: Any, index: int, *, role: bool = False
-    ) -> Any:
-        return oa.chat_chunk(self.rid, self.model, self.created, content, finish_reason, role, so_far,
-                             self.usage_report.final, index=index)  # fmt: skip
-
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
-        return oa.chat_usage_chunk(self.rid, self.model, self.created, prompt_tokens, completion_tokens)
-
-
-class CompletionFormatter(Formatter):
-    def __init__(self, model: str, rid: str, created: int, usage: oa.UsageReport, echo: oa.Echo) -> None:
-        super().__init__(model, rid, created, usage, echo.n)
-        self.echo = echo
-
-    def whole(self, answers: list[Answer]) -> oa.Completion:
-        # Prompt by prompt, its n choices together: each prompt's tokens counted once.
-        return oa.completion(
-            self.rid, self.model, self.created,
-            [self.echo.whole(i, a.text) for i, a in enumerate(answers)],
-            [a.finish_reason for a in answers],
-            sum(a.prompt_tokens for a in answers[:: self.n]),
-            sum(a.completion_tokens for a in answers),
-        )
-
-    def piece(self, piece: Piece, index: int) -> list[Any]:
-        so_far = self.usage_report.so_far(piece.prompt_tokens, piece.completion_tokens)
-        text = self.echo.piece(index, piece.text)
-        return [oa.completion_chunk(self.rid, self.model, self.created, index, text, piece.finish_reason,
-                                    so_far)]  # fmt: skip
-
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
-        return oa.completion_usage_chunk(self.rid, self.model, self.created, prompt_tokens,
-                                         completion_tokens)
 
 
 @dataclass(frozen=True)

@@ -272,7 +272,7 @@ class PredictorClient:
                     finished = bool(tensors.plain_parameters(message.infer_response.parameters).get(
                         v2.FINAL_RESPONSE
                     ))
-                    if piece.text or piece.finish_reason:
+                    if piece.text or piece.finish_reason or piece.logprobs:
                         pieces += 1
                         self._answered()
                         yield piece
@@ -340,6 +340,7 @@ def _piece(response: pb.ModelInferResponse) -> Piece:
         completion_tokens=result.completion_tokens,
         prompt_tokens=int(params.get(v2.PROMPT_TOKENS) or 0),
         model_revision=str(revision) if revision else None,
+        logprobs=result.logprobs,
     )
 
 

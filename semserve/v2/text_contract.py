@@ -25,7 +25,7 @@ import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse
 from pydantic import ValidationError
 
-from semserve.answer import Answer
+from semserve.answer import Answer, Logprobs, TokenLogprob
 from semserve.errors import BadRequest
 from semserve.openai_protocol import ChatPrompt, validation_error
 from semserve.sampling import SamplingOptions, parse_sampling
@@ -37,6 +37,9 @@ STREAM_INPUT = "stream"
 TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
 COMPLETION_TOKENS = "completion_tokens"
+# Only with the `logprobs` parameter: per answer, the JSON list of its tokens' logprobs, each
+# [token, logprob, [[alternative, logprob], ...]] (semserve.answer.TokenLogprob).
+LOGPROBS_OUTPUT = "logprobs"
 # Response parameter (string): the model revision that produced the answer, when the predictor has
 # one (--model-revision); the transformer does not cache answers of another revision than its own.
 MODEL_REVISION = "model_revision"
@@ -58,6 +61,7 @@ OUTPUTS_METADATA: list[dict[str, Any]] = [
     {"name": TEXT_OUTPUT, "datatype": "BYTES", "shape": [-1]},
     {"name": FINISH_REASON, "datatype": "BYTES", "shape": [-1]},
     {"name": COMPLETION_TOKENS, "datatype": "INT32", "shape": [-1]},
+    {"name": LOGPROBS_OUTPUT, "datatype": "BYTES", "shape": [-1]},
 ]
 
 
@@ -247,6 +251,9 @@ def build_response(
         InferOutput(FINISH_REASON, [batch], "BYTES", [r.finish_reason for r in results]),
         InferOutput(COMPLETION_TOKENS, [batch], "INT32", [int(r.completion_tokens) for r in results]),
     ]
+    if any(r.logprobs is not None for r in results):
+        values = [json.dumps([t.to_json() for t in r.logprobs or ()]) for r in results]
+        outputs.append(InferOutput(LOGPROBS_OUTPUT, [batch], "BYTES", values))
     for name, values in (extra_outputs or {}).items():
         outputs.append(InferOutput(name, [len(values)], "BYTES", list(values)))
     return InferResponse(
@@ -279,11 +286,21 @@ def results_from_columns(column: Callable[[str], list[Any] | None]) -> list[Answ
     def text(v: Any) -> str:
         return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
+    def logprobs(v: Any) -> Logprobs:
+        try:
+            return tuple(TokenLogprob.from_json(t) for t in json.loads(text(v)))
+        except (TypeError, ValueError) as exc:  # json's errors are ValueErrors
+            message = f"predictor response's {LOGPROBS_OUTPUT} is unreadable: {exc}"
+            raise BadRequest(message, LOGPROBS_OUTPUT) from None
+
     texts = required(TEXT_OUTPUT)
     reasons = required(FINISH_REASON) or [""] * len(texts)
     tokens = required(COMPLETION_TOKENS) or [0] * len(texts)
+    reported = column(LOGPROBS_OUTPUT)
+    per_answer = [logprobs(v) for v in reported] if reported else [None] * len(texts)
     return [
-        Answer(text(t), text(r), int(n)) for t, r, n in zip(texts, reasons, tokens, strict=True)
+        Answer(text(t), text(r), int(n), logprobs=lp)
+        for t, r, n, lp in zip(texts, reasons, tokens, per_answer, strict=True)
     ]
 
 

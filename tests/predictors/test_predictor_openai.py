@@ -240,3 +240,33 @@ def test_vllm_s_stop_extensions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="use_beam_search is not supported"):
         client.completions.create(**ask, extra_body={"use_beam_search": True})
     client.completions.create(**ask, extra_body={"use_beam_search": False, "bad_words": []})  # defaults
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    ask = {"model": "llm", "prompt": "The capital of France is", "temperature": 0, "max_tokens": 4}
+    whole = client.completions.create(**ask, logprobs=3)
+    choice, lp = whole.choices[0], whole.choices[0].logprobs
+    assert choice.finish_reason == "length" and len(lp.tokens) == whole.usage.completion_tokens == 4
+    assert "".join(lp.tokens) == choice.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert 1 <= len(top) <= 3 and logprob <= 0
+        assert top[token] == pytest.approx(max(top.values()))  # greedy: the most likely token
+    assert client.completions.create(**ask).choices[0].logprobs is None  # only when asked
+    assert client.completions.create(**ask, logprobs=0).choices[0].logprobs.top_logprobs == [{}] * 4
+    # Streamed: the same tokens, each chunk its own, offsets running on.
+    chunks = list(client.completions.create(**ask, logprobs=3, stream=True))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert [t for s in streamed for t in s.tokens] == lp.tokens
+    assert [o for s in streamed for o in s.text_offset] == lp.text_offset
+    # Chat: logprobs and top_logprobs, OpenAI's shape (bytes included).
+    chat = client.chat.completions.create(model="llm", messages=QUESTION, temperature=0, max_tokens=6,
+                                          logprobs=True, top_logprobs=2)  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(t.bytes == list(t.token.encode()) and 1 <= len(t.top_logprobs) <= 2 for t in content)
+    assert chat.choices[0].message.content.startswith("".join(t.token for t in content[:3]))
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs: true"):
+        client.chat.completions.create(model="llm", messages=QUESTION, max_tokens=2, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="logprobs must be in"):
+        client.completions.create(**ask, logprobs=21)

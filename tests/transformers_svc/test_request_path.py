@@ -1,5 +1,5 @@
 """The transformer's request path in process, without a predictor: the context made once at the
-edge, the cache decision it drives, the OpenAI formatters, and the request log as a listener."""
+edge, the cache decision it drives, and the request log as a listener."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from semserve.v2.text_model import request_id
 from transformers_svc.answer_pipeline import AnswerPipeline, hit_answer
 from transformers_svc.auth import tenant_var
 from transformers_svc.config import TransformerSettings
-from transformers_svc.openai_backend import ChatFormatter, CompletionFormatter
 from transformers_svc.request_context import (
     RequestContext,
     RequestRecord,
@@ -78,34 +77,6 @@ def test_answers_are_typed() -> None:
     assert answer_of(pieces) == Answer("Hello", "stop", 2, 4, "rev1")
     assert answer_of([]) == Answer("", "", 0, 0) and not answer_of([]).complete
     assert hit_answer(None) is None
-
-
-def test_formatters() -> None:
-    a = Answer("Paris.", "stop", 2, 7)
-    chat = ChatFormatter("llm", "chatcmpl-1", 1, oa.UsageReport(final=True))
-    whole = chat.whole([a])
-    assert whole.choices[0].message.content == "Paris." and whole.usage.prompt_tokens == 7
-    assert chat.start(None, 0) is not None
-    pieces = chat.piece(Piece("Paris.", "stop", 2, 7, None), 0)
-    assert len(pieces) == 2  # text, then the finish reason
-    assert all(p.usage is None for p in pieces)  # null but in the last chunk (OpenAI's include_usage)
-    comp = CompletionFormatter("llm", "cmpl-1", 1, oa.UsageReport(), oa.Echo(None, 1))
-    both = comp.whole([a, Answer("Rome.", "length", 3, 5)])
-    assert [c.text for c in both.choices] == ["Paris.", "Rome."]
-    assert both.usage.prompt_tokens == 12 and both.usage.completion_tokens == 5
-    assert comp.start(None, 0) is None and len(comp.piece(Piece("x", None, 1, 1, None), 0)) == 1
-    # vLLM's echo: each choice's prompt first (choice i answers prompt i // n), once per stream.
-    echo = CompletionFormatter("llm", "cmpl-3", 1, oa.UsageReport(), oa.Echo(["Q1 ", "Q2 "], 2))
-    assert [c.text for c in echo.whole([a, a, a, a]).choices] == ["Q1 Paris."] * 2 + ["Q2 Paris."] * 2
-    [first] = echo.piece(Piece("Pa", None, 1, 1, None), 2)
-    [then] = echo.piece(Piece("ris", None, 2, 1, None), 2)
-    assert (first.choices[0].index, first.choices[0].text, then.choices[0].text) == (2, "Q2 Pa", "ris")
-    # vLLM's continuous usage: every chunk says the usage so far, the role chunk the prompt's.
-    continuous = ChatFormatter("llm", "chatcmpl-2", 1, oa.UsageReport(final=True, continuous=True))
-    assert continuous.start(Piece("Pa", None, 1, 7, None), 0).usage.prompt_tokens == 7
-    [text, finish] = continuous.piece(Piece("ris.", "stop", 2, 7, None), 1)
-    assert text.choices[0].index == finish.choices[0].index == 1
-    assert (text.usage.completion_tokens, finish.usage.total_tokens) == (2, 9)
 
 
 def test_status_of() -> None:

@@ -4,6 +4,7 @@ what is not, and what reaches the predictor (counted from the predictor's own me
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
@@ -397,3 +398,30 @@ def test_completion_echo_is_not_part_of_the_answer(transformer: Transformer) -> 
     chunks = list(client.completions.create(**ask, echo=True, stream=True))
     assert chunks[0].choices[0].text.startswith(prompt)
     assert "".join(c.choices[0].text for c in chunks) == text
+
+
+def test_logprobs_pass_through_and_bypass_the_cache(transformer: Transformer, predictor: Predictor) -> None:
+    client = openai.OpenAI(base_url=transformer.openai_base, api_key="unused", max_retries=0)
+    ask = {"model": "llm", "prompt": unique("The capital of France is"), "temperature": 0, "max_tokens": 4}
+    assert client.completions.with_raw_response.create(**ask).headers["x-semserve-cache"] == "miss"
+    # Entries keep no logprobs: a request for them is generated, and stores nothing.
+    before = generations(predictor)
+    raw = client.completions.with_raw_response.create(**ask, logprobs=2)
+    assert raw.headers["x-semserve-cache"] == "bypass" and generations(predictor) == before + 1
+    choice = raw.parse().choices[0]
+    assert len(choice.logprobs.tokens) == 4 and all(len(t) <= 2 for t in choice.logprobs.top_logprobs)
+    if choice.finish_reason == "length":
+        assert "".join(choice.logprobs.tokens) == choice.text
+    # Streamed through the predictor's ModelStreamInfer: every token's logprob arrives.
+    chunks = list(client.completions.create(**ask, logprobs=2, stream=True))
+    assert sum(len(c.choices[0].logprobs.tokens) for c in chunks if c.choices[0].logprobs) == 4
+    chat = client.chat.completions.with_raw_response.create(
+        model="llm", messages=[{"role": "user", "content": ask["prompt"]}], temperature=0, max_tokens=4,
+        logprobs=True, top_logprobs=1)  # fmt: skip
+    assert chat.headers["x-semserve-cache"] == "bypass"
+    assert len(chat.parse().choices[0].logprobs.content) == chat.parse().usage.completion_tokens
+    # v2: the `logprobs` parameter, the `logprobs` output (JSON per answer).
+    outputs = out(v2(transformer, [ask["prompt"]], max_tokens=4, logprobs=1))
+    assert outputs["cache_status"] == ["bypass"]
+    [tokens] = [json.loads(v) for v in outputs["logprobs"]]
+    assert len(tokens) == outputs["completion_tokens"][0] and all(len(t[2]) == 1 for t in tokens)
