@@ -53,7 +53,8 @@ async def test_grpc_metadata(predictor: Predictor) -> None:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name="llm"))
         assert {i.name for i in meta.inputs} >= {"text_input"}
-        assert {o.name for o in meta.outputs} == {"text_output", "finish_reason", "completion_tokens"}
+        outputs = {o.name for o in meta.outputs}
+        assert outputs == {"text_output", "finish_reason", "completion_tokens", "logprobs"}
 
 
 @pytest.mark.parametrize(

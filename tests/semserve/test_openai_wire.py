@@ -12,12 +12,16 @@ from openai.types import Completion, CompletionChoice, CompletionUsage
 from openai.types import Model as OpenAIModelCard
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
+from openai.types.completion_choice import Logprobs as CompletionLogprobs
 from pydantic import BaseModel
 
 from semserve import openai_protocol as oa
 from semserve import openai_wire
+from semserve.answer import TokenLogprob
 
 THEIRS: dict[str, type[BaseModel]] = {
     "Completion": Completion,
@@ -30,7 +34,14 @@ THEIRS: dict[str, type[BaseModel]] = {
     "ChatChoice": ChatChoice,
     "ChunkChoice": ChunkChoice,
     "ChoiceDelta": ChoiceDelta,
+    "CompletionLogprobs": CompletionLogprobs,
+    "ChoiceLogprobs": ChoiceLogprobs,
+    "ChatCompletionTokenLogprob": ChatCompletionTokenLogprob,
+    "TopLogprob": TopLogprob,
 }
+# Two tokens, the first with two alternatives, the second's text not whole yet.
+TOKENS = (TokenLogprob(" Pa", -0.25, ((" Pa", -0.25), (" Lyon", -2.0))),
+          TokenLogprob("", -1.0, (("", -1.0),)))  # fmt: skip
 
 BUILDERS: list[tuple[str, Callable[[], BaseModel]]] = [
     ("completion", lambda: oa.completion("cmpl-1", "llm", 17, ["a", "b"], ["stop", "length"], 3, 4)),
@@ -45,6 +56,14 @@ BUILDERS: list[tuple[str, Callable[[], BaseModel]]] = [
     ("chat_chunk piece", lambda: oa.chat_chunk("chat-1", "llm", 17, "Par")),
     ("chat_chunk last", lambda: oa.chat_chunk("chat-1", "llm", 17, None, "length")),
     ("chat_usage_chunk", lambda: oa.chat_usage_chunk("chat-1", "llm", 17, 5, 1)),
+    ("completion logprobs", lambda: oa.completion("cmpl-1", "llm", 17, [" Pa"], ["length"], 3, 2,
+                                                  [oa.completion_logprobs(TOKENS)])),
+    ("completion_chunk logprobs", lambda: oa.completion_chunk("cmpl-1", "llm", 17, 0, " Pa", None, None,
+                                                              oa.completion_logprobs(TOKENS, 4))),
+    ("chat_completion logprobs", lambda: oa.chat_completion("chat-1", "llm", 17, [" Pa"], ["length"], 5, 2,
+                                                            [oa.chat_logprobs(TOKENS)])),
+    ("chat_chunk logprobs",
+     lambda: oa.chat_chunk("chat-1", "llm", 17, " Pa", logprobs=oa.chat_logprobs(TOKENS))),
     ("model_card", lambda: oa.model_card("llm", 17)),
 ]
 
