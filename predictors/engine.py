@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import time
 import uuid
@@ -305,6 +306,10 @@ class Engine:
         # Every option by its own name (SamplingOptions names them as vLLM does).
         fields = options.to_dict()
         fields["stop"] = fields["stop"] or None
+        if options.structured_outputs is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            fields["structured_outputs"] = StructuredOutputsParams(**json.loads(options.structured_outputs))
         try:
             # Deltas even for whole answers: time to first token is measured for every request.
             return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)

@@ -116,15 +116,33 @@ _NOT_HONOURED: dict[str, Any] = {
     "logits_processors": None,
     "truncate_prompt_tokens": None,
     "spaces_between_special_tokens": True,
-    "structured_outputs": None,
-    "guided_json": None,
-    "guided_regex": None,
-    "guided_choice": None,
-    "guided_grammar": None,
     "return_token_ids": False,
     "return_tokens_as_token_ids": False,
     "prompt_embeds": None,
 }
+
+
+# vLLM's older names of its structured-outputs constraints.
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def structured_of(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """OpenAI's `response_format` as a structured-outputs constraint (None: plain text), as vLLM
+    maps it; a 400 for a type it has none for."""
+    if not response_format or response_format.get("type") in (None, "text"):
+        return None
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            message = "response_format json_schema needs json_schema.schema (an object)"
+            raise BadRequest(message, "response_format")
+        return {"json": schema}
+    raise BadRequest(f"response_format type {kind!r} is not supported (text, json_object or json_schema)",
+                     "response_format")
 
 
 class _SamplingFields(_Encodable):
@@ -154,6 +172,9 @@ class _SamplingFields(_Encodable):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
+    # vLLM's structured outputs: one constraint (json, regex, choice, grammar or json_object).
+    structured_outputs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # OpenAI's way to ask for JSON
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
@@ -188,8 +209,23 @@ class _SamplingFields(_Encodable):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
             "logprobs": self.logprobs_asked(),
+            "structured_outputs": self.structured(),
         }
         return parse_sampling(params)
+
+    def structured(self) -> dict[str, Any] | None:
+        """The one structured-outputs constraint asked for: vLLM's `structured_outputs`, its older
+        `guided_*` fields, or OpenAI's `response_format`; asking in two ways is a 400."""
+        guided = {k.removeprefix("guided_"): v for k, v in (self.model_extra or {}).items()
+                  if k in _GUIDED and v is not None}  # fmt: skip
+        asked = [(name, c) for name, c in (("structured_outputs", self.structured_outputs),
+                                            ("guided_*", guided or None),
+                                            ("response_format", structured_of(self.response_format)))
+                 if c is not None]  # fmt: skip
+        if len(asked) > 1:
+            names = " and ".join(name for name, _ in asked)
+            raise BadRequest(f"{names} both constrain the output: set one", asked[1][0])
+        return asked[0][1] if asked else None
 
     def logprobs_asked(self) -> int | None:
         """How many most likely tokens to report beside each generated one; None: no logprobs."""
@@ -335,8 +371,7 @@ class ChatPrompt(_Encodable):
     def check(self) -> None:
         if self.tools:
             raise BadRequest("tools are not supported by this model server", "tools")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise BadRequest("only response_format type 'text' is supported", "response_format")
+        structured_of(self.response_format)  # a 400 for one it cannot constrain to
         for i, m in enumerate(self.messages):
             if "\x00" in m.text:
                 raise BadRequest(f"messages[{i}].content contains a NUL character", "messages")
@@ -382,7 +417,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_LOGPROBS})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -31,6 +32,9 @@ class SamplingOptions:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's structured outputs (StructuredOutputsParams): one constraint, as canonical JSON, e.g.
+    # {"json": {schema}}, {"regex": "..."}, {"choice": [...]}, {"grammar": "..."}, {"json_object": true}.
+    structured_outputs: str | None = None
     # How many most likely tokens to report beside each generated one (0: its own logprob only);
     # None: no logprobs. Not part of any cache key: requests for logprobs bypass the cache.
     logprobs: int | None = None
@@ -58,7 +62,7 @@ class SamplingOptions:
                 for k, v in set_now.items() if v != ADJUSTMENT_DEFAULTS[k]}  # fmt: skip
 
 
-Adjustment = float | int | bool | tuple[int, ...] | list[int]
+Adjustment = float | int | bool | str | tuple[int, ...] | list[int] | None
 ADJUSTMENT_DEFAULTS: dict[str, Adjustment] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
@@ -68,6 +72,7 @@ ADJUSTMENT_DEFAULTS: dict[str, Adjustment] = {
     "stop_token_ids": (),
     "include_stop_str_in_output": False,
     "skip_special_tokens": True,
+    "structured_outputs": None,
 }
 SAMPLING_KEYS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", *ADJUSTMENT_DEFAULTS,
@@ -125,6 +130,8 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
             if not isinstance(raw, bool):
                 raise BadRequest(f"{key} must be a boolean", key)
             values[key] = raw
+        elif key == "structured_outputs":
+            values[key] = structured_outputs(raw)
         elif key == "stop_token_ids":
             ints = isinstance(raw, (list, tuple)) and all(type(t) is int for t in raw)  # bool is no id
             if not ints:
@@ -153,6 +160,44 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
     opts = SamplingOptions(**values)
     check(opts)
     return opts
+
+
+# vLLM's StructuredOutputsParams: the constraints (exactly one) and the options beside them.
+STRUCTURED_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
+_STRUCTURED_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+
+
+def structured_outputs(raw: Any) -> str:
+    """One structured-outputs constraint (a dict, or its JSON in a string as v2 parameters carry
+    it) as canonical JSON: the same constraint keys the cache alike however it was written."""
+    name = "structured_outputs"
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            raise BadRequest(f"{name} is not valid JSON", name) from None
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{name} must be an object with one of {', '.join(STRUCTURED_CONSTRAINTS)}", name)
+    unknown = sorted(set(raw) - set(STRUCTURED_CONSTRAINTS) - set(_STRUCTURED_OPTIONS))
+    if unknown:
+        raise BadRequest(f"{name} does not take {', '.join(unknown)}", name)
+    constraints = [k for k in STRUCTURED_CONSTRAINTS if raw.get(k) not in (None, False)]
+    if len(constraints) != 1:
+        raise BadRequest(f"{name} must set exactly one of {', '.join(STRUCTURED_CONSTRAINTS)}", name)
+    [kind] = constraints
+    value = raw[kind]
+    if kind == "json" and isinstance(value, str):
+        try:
+            value = json.loads(value)  # a schema in a string, as vLLM also takes it
+        except json.JSONDecodeError:
+            raise BadRequest(f"{name}.json is not a valid JSON schema", name) from None
+    valid = {"json": isinstance(value, dict), "regex": isinstance(value, str) and value != "",
+             "choice": isinstance(value, list) and value != [] and all(isinstance(c, str) for c in value),
+             "grammar": isinstance(value, str) and value != "", "json_object": value is True}  # fmt: skip
+    if not valid[kind]:
+        raise BadRequest(f"{name}.{kind} is not a valid {kind} constraint", name)
+    options = {k: raw[k] for k in _STRUCTURED_OPTIONS if raw.get(k) is not None}
+    return json.dumps({kind: value, **options}, sort_keys=True, separators=(",", ":"))
 
 
 def check(opts: SamplingOptions) -> None:

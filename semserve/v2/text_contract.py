@@ -27,8 +27,8 @@ from pydantic import ValidationError
 
 from semserve.answer import Answer, Logprobs, TokenLogprob
 from semserve.errors import BadRequest
-from semserve.openai_protocol import ChatPrompt, validation_error
-from semserve.sampling import SamplingOptions, parse_sampling
+from semserve.openai_protocol import ChatPrompt, structured_of, validation_error
+from semserve.sampling import SamplingOptions, parse_sampling, structured_outputs
 
 TEXT_INPUT = "text_input"
 CHAT_INPUT = "chat"
@@ -222,9 +222,26 @@ def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
                 params[name] = json.loads(value)
             except json.JSONDecodeError:
                 raise BadRequest(f"{name} is not a valid JSON list", name) from None
+    _response_format(chats, params)
     sampling = parse_sampling(params)
     extra = {k: v for k, v in params.items() if k not in sampling.to_dict()}
     return TextRequest(prompts=prompts, sampling=sampling, extra=extra, chats=chats, stream=stream)
+
+
+def _response_format(chats: list[ChatPrompt], params: dict[str, Any]) -> None:
+    """A chat's non-text `response_format` as the request's structured-outputs constraint (one
+    for the whole batch, as sampling is)."""
+    asked = [structured_of(chat.response_format) for chat in chats]
+    if all(a is None for a in asked):
+        return
+    if any(a != asked[0] for a in asked):
+        raise BadRequest("the chats of one request must ask for the same response_format", CHAT_INPUT)
+    given = params.get("structured_outputs")
+    # The transformer sends both: the chat as its client wrote it, and the constraint it maps to.
+    if given is not None and structured_outputs(given) != structured_outputs(asked[0]):
+        raise BadRequest("response_format and structured_outputs ask for different outputs: set one",
+                         "structured_outputs")  # fmt: skip
+    params["structured_outputs"] = asked[0]
 
 
 def text_inputs(request: InferRequest) -> list[str]:

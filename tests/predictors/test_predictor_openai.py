@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import httpx
 import openai
 import pytest
@@ -104,8 +107,9 @@ def test_sse_wire_format(predictor: Predictor) -> None:
         # vLLM refuses them only once queued; it answered 500 then.
         ({"model": "llm", "messages": QUESTION, "stop_token_ids": [10**12]}, 400,
          "stop_token_ids [1000000000000] are outside the vocabulary of 49152 tokens"),
-        ({"model": "llm", "messages": QUESTION, "guided_json": {"type": "object"}}, 400,
-         "guided_json is not supported"),
+        ({"model": "llm", "messages": QUESTION, "bad_words": ["Paris"]}, 400, "bad_words is not supported"),
+        ({"model": "llm", "messages": QUESTION, "structured_outputs": {"regex": "a", "choice": ["a"]}}, 400,
+         "structured_outputs must set exactly one of"),
         ({"model": "llm", "messages": QUESTION, "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens must"),
         ({"model": "llm", "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
         ({"model": "llm", "messages": [{"role": "user", "content": [
@@ -270,3 +274,32 @@ def test_logprobs(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="llm", messages=QUESTION, max_tokens=2, top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="logprobs must be in"):
         client.completions.create(**ask, logprobs=21)
+
+
+def test_structured_outputs(client: openai.OpenAI, predictor: Predictor) -> None:
+    # OpenAI's response_format with a JSON schema: the answer parses and holds what the schema requires.
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}  # fmt: skip
+    answer = client.chat.completions.create(
+        model="llm", messages=QUESTION, temperature=0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}})
+    assert answer.choices[0].finish_reason == "stop", answer
+    assert isinstance(json.loads(answer.choices[0].message.content)["city"], str)
+    # vLLM's own fields, and its older guided_* names, on completions too.
+    yes_no = {"structured_outputs": {"choice": ["yes", "no"]}}
+    choice = client.completions.create(model="llm", prompt="Is Paris in France? Answer:", temperature=0,
+                                       max_tokens=4, extra_body=yes_no)  # fmt: skip
+    assert choice.choices[0].text in ("yes", "no"), choice
+    digits = client.completions.create(model="llm", prompt="Pick a number:", temperature=0, max_tokens=6,
+                                       extra_body={"guided_regex": "[0-9]{3}"})  # fmt: skip
+    assert re.fullmatch("[0-9]{3}", digits.choices[0].text), digits
+    # v2: the structured_outputs parameter, as JSON in a string.
+    r = httpx.post(f"{predictor.http}/v2/models/llm/infer", timeout=60, json={
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["Pick a number:"]}],
+        "parameters": {"structured_outputs": json.dumps({"regex": "[0-9]{2}"}), "max_tokens": 5,
+                       "temperature": 0}})  # fmt: skip
+    assert r.status_code == 200, r.text
+    [text] = next(o["data"] for o in r.json()["outputs"] if o["name"] == "text_output")
+    assert re.fullmatch("[0-9]{2}", text), text
+    with pytest.raises(openai.BadRequestError, match="response_format type 'xml' is not supported"):
+        client.chat.completions.create(model="llm", messages=QUESTION, response_format={"type": "xml"})

@@ -4,6 +4,8 @@ away from their defaults count as adjustments (what a cache key adds for them)."
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import pytest
@@ -83,3 +85,35 @@ def test_each_choice_of_a_seeded_request_gets_its_own_seed() -> None:
     assert SamplingOptions(seed=2**63 - 1).for_choice(1).seed == 0  # stays a valid seed
     unseeded = SamplingOptions(temperature=1.0)
     assert unseeded.for_choice(2) is unseeded
+
+
+def test_structured_outputs_are_one_canonical_constraint() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    one = parse_sampling({"structured_outputs": {"json": schema}}).structured_outputs
+    # The same constraint keys alike however it was written: key order, a schema in a string, v2's JSON.
+    two = parse_sampling({"structured_outputs": json.dumps({"json": json.dumps(schema)})}).structured_outputs
+    assert one == two and json.loads(one) == {"json": schema}
+    keyed = parse_sampling({"structured_outputs": {"json": schema}}).adjustments()
+    assert keyed == {"structured_outputs": one}
+    options = {"choice": ["yes", "no"], "disable_any_whitespace": True}
+    assert json.loads(parse_sampling({"structured_outputs": options}).structured_outputs) == options
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({}, "must set exactly one of json, regex, choice, grammar, json_object"),
+        ({"regex": "a+", "choice": ["a"]}, "must set exactly one"),
+        ({"regexp": "a+"}, "does not take regexp"),
+        ({"choice": []}, "structured_outputs.choice is not a valid choice constraint"),
+        ({"choice": ["a", 1]}, "not a valid choice constraint"),
+        ({"json": "{not json"}, "structured_outputs.json is not a valid JSON schema"),
+        ({"json_object": "yes"}, "not a valid json_object constraint"),
+        ("{", "structured_outputs is not valid JSON"),
+        (["regex"], "must be an object"),
+    ],
+)
+def test_structured_outputs_refused(raw: Any, message: str) -> None:
+    with pytest.raises(BadRequest, match=re.escape(message)) as caught:
+        parse_sampling({"structured_outputs": raw})
+    assert caught.value.field == "structured_outputs"

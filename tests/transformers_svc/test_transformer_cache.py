@@ -425,3 +425,30 @@ def test_logprobs_pass_through_and_bypass_the_cache(transformer: Transformer, pr
     assert outputs["cache_status"] == ["bypass"]
     [tokens] = [json.loads(v) for v in outputs["logprobs"]]
     assert len(tokens) == outputs["completion_tokens"][0] and all(len(t[2]) == 1 for t in tokens)
+
+
+def test_structured_outputs_through_the_cache(transformer: Transformer, predictor: Predictor) -> None:
+    q = unique("What is the capital of France? Answer in JSON.")
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}  # fmt: skip
+    as_json = {"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}}
+    first = chat(transformer, q, max_tokens=40, response_format=as_json)
+    assert first.status_code == 200 and first.headers["x-semserve-cache"] == "miss", first.text
+    answer = first.json()["choices"][0]["message"]["content"]
+    assert isinstance(json.loads(answer)["city"], str)
+    again = chat(transformer, q, max_tokens=40, response_format=as_json)
+    assert again.headers["x-semserve-cache"] == "exact"
+    assert again.json()["choices"][0]["message"]["content"] == answer
+    # Another constraint is another entry, never the JSON one's answer; so is no constraint.
+    assert chat(transformer, q, max_tokens=40, response_format={"type": "json_object"}).headers[
+        "x-semserve-cache"] == "miss"
+    assert chat(transformer, q, max_tokens=40).headers["x-semserve-cache"] == "miss"
+    # v2 clients ask in the chat input, as the OpenAI route does (the same entry), or by parameter.
+    chat_input = json.dumps({"messages": [{"role": "user", "content": q}], "response_format": as_json})
+    body = {"inputs": [{"name": "chat", "datatype": "BYTES", "shape": [1], "data": [chat_input]}],
+            "parameters": {"max_tokens": 40, "temperature": 0}}  # fmt: skip
+    outputs = out(httpx.post(f"{transformer.http}/v2/models/llm/infer", json=body, timeout=120))
+    assert outputs["cache_status"] == ["exact"] and outputs["text_output"] == [answer]
+    digits = out(v2(transformer, [unique("Pick a number:")], structured_outputs='{"regex": "[0-9]{3}"}'))
+    assert digits["cache_status"] == ["miss"] and len(digits["text_output"][0]) == 3
+    assert digits["text_output"][0].isdigit(), digits
