@@ -255,10 +255,12 @@ class Engine:
                 "max_tokens",
             )
         vocabulary = len(self.tokenizer)
-        outside = [t for t in options.stop_token_ids if t >= vocabulary]
-        if outside:  # vLLM refuses them when the request is queued: a 400 before, not a 500 then
-            message = f"stop_token_ids {outside[:4]} are outside the vocabulary of {vocabulary} tokens"
-            raise BadRequest(message, "stop_token_ids")
+        for name, token_ids in (("stop_token_ids", options.stop_token_ids),
+                                ("logit_bias", [t for t, _ in options.logit_bias])):  # fmt: skip
+            outside = [t for t in token_ids if t >= vocabulary]
+            if outside:  # vLLM refuses them when the request is queued: a 400 before, not a 500 then
+                message = f"{name} {outside[:4]} are outside the vocabulary of {vocabulary} tokens"
+                raise BadRequest(message, name)
         return Prepared(ids, options, self._params(options))
 
     async def tokens(self, prompt: str) -> list[int]:
@@ -306,6 +308,7 @@ class Engine:
         # Every option by its own name (SamplingOptions names them as vLLM does).
         fields = options.to_dict()
         fields["stop"] = fields["stop"] or None
+        fields["logit_bias"] = dict(options.logit_bias) or None
         if options.structured_outputs is not None:
             from vllm.sampling_params import StructuredOutputsParams
 

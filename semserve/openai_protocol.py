@@ -184,8 +184,6 @@ class _SamplingFields(_Encodable):
         for name, value in (self.model_extra or {}).items():
             if name in _NOT_HONOURED and value not in (None, _NOT_HONOURED[name]):
                 raise BadRequest(f"{name} is not supported by this model server", name)
-        if self.logit_bias:
-            raise BadRequest("logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
 
@@ -210,6 +208,7 @@ class _SamplingFields(_Encodable):
             "skip_special_tokens": self.skip_special_tokens,
             "logprobs": self.logprobs_asked(),
             "structured_outputs": self.structured(),
+            "logit_bias": self.logit_bias,
         }
         return parse_sampling(params)
 

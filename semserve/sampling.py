@@ -35,6 +35,8 @@ class SamplingOptions:
     # vLLM's structured outputs (StructuredOutputsParams): one constraint, as canonical JSON, e.g.
     # {"json": {schema}}, {"regex": "..."}, {"choice": [...]}, {"grammar": "..."}, {"json_object": true}.
     structured_outputs: str | None = None
+    # OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs, by token id.
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     # How many most likely tokens to report beside each generated one (0: its own logprob only);
     # None: no logprobs. Not part of any cache key: requests for logprobs bypass the cache.
     logprobs: int | None = None
@@ -43,6 +45,7 @@ class SamplingOptions:
         d = asdict(self)
         d["stop"] = list(self.stop)
         d["stop_token_ids"] = list(self.stop_token_ids)
+        d["logit_bias"] = [list(pair) for pair in self.logit_bias]
         return d
 
     def for_choice(self, index: int) -> SamplingOptions:
@@ -58,11 +61,15 @@ class SamplingOptions:
         add to the first seven (an answer stored before they existed keys as it did). JSON-able:
         token ids as a list."""
         set_now = {k: getattr(self, k) for k in ADJUSTMENT_DEFAULTS}
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in set_now.items() if v != ADJUSTMENT_DEFAULTS[k]}  # fmt: skip
+        return {k: _jsonable(v) for k, v in set_now.items() if v != ADJUSTMENT_DEFAULTS[k]}
 
 
-Adjustment = float | int | bool | str | tuple[int, ...] | list[int] | None
+def _jsonable(value: Any) -> Any:
+    # Tuples as lists, as JSON (and to_dict) has them.
+    return [_jsonable(v) for v in value] if isinstance(value, tuple) else value
+
+
+Adjustment = float | int | bool | str | tuple[Any, ...] | list[Any] | None
 ADJUSTMENT_DEFAULTS: dict[str, Adjustment] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
@@ -73,6 +80,7 @@ ADJUSTMENT_DEFAULTS: dict[str, Adjustment] = {
     "include_stop_str_in_output": False,
     "skip_special_tokens": True,
     "structured_outputs": None,
+    "logit_bias": (),
 }
 SAMPLING_KEYS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", *ADJUSTMENT_DEFAULTS,
@@ -132,6 +140,8 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
             values[key] = raw
         elif key == "structured_outputs":
             values[key] = structured_outputs(raw)
+        elif key == "logit_bias":
+            values[key] = logit_bias(raw)
         elif key == "stop_token_ids":
             ints = isinstance(raw, (list, tuple)) and all(type(t) is int for t in raw)  # bool is no id
             if not ints:
@@ -157,9 +167,46 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
             values[key] = raw
     values["stop"] = tuple(values["stop"])
     values["stop_token_ids"] = tuple(values["stop_token_ids"])
+    values["logit_bias"] = tuple(tuple(pair) for pair in values["logit_bias"])
     opts = SamplingOptions(**values)
     check(opts)
     return opts
+
+
+MAX_LOGIT_BIAS = 1024  # token ids per request; more is a client bug
+
+
+def logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {token id (a string in JSON): bias} (or [id, bias] pairs, as to_dict writes them)
+    as (id, bias) pairs by id; biases in OpenAI's [-100, 100]."""
+    name = "logit_bias"
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            raise BadRequest(f"{name} is not valid JSON", name) from None
+    pairs = list(raw.items()) if isinstance(raw, dict) else raw
+    pair = (list, tuple)
+    if not isinstance(pairs, pair) or any(not isinstance(p, pair) or len(p) != 2 for p in pairs):
+        raise BadRequest(f"{name} must map token ids to biases", name)
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise BadRequest(f"{name} may hold at most {MAX_LOGIT_BIAS} token ids", name)
+    biases: dict[int, float] = {}
+    for token, bias in pairs:
+        if type(token) is int and token >= 0:
+            token_id = token
+        elif isinstance(token, str) and token.isascii() and token.isdigit() and len(token) <= 18:
+            token_id = int(token)
+        else:
+            raise BadRequest(f"{name} keys must be token ids (non-negative integers), got {token!r}", name)
+        try:
+            value = _number(f"{name}[{token}]", bias, float)
+        except BadRequest as exc:
+            raise BadRequest(exc.message, name) from None
+        if not -100 <= value <= 100:
+            raise BadRequest(f"{name}[{token}] must be in [-100, 100], got {value}", name)
+        biases[token_id] = value
+    return tuple(sorted(biases.items()))
 
 
 # vLLM's StructuredOutputsParams: the constraints (exactly one) and the options beside them.

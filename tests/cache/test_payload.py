@@ -36,7 +36,8 @@ def test_other_payloads_round_trip_as_they_were(payload: dict) -> None:
 
 
 def test_sampling_from_options_keys_like_the_mapping_it_replaces() -> None:
-    adjusted = SamplingOptions(temperature=0, repetition_penalty=1.3, min_tokens=2)
+    adjusted = SamplingOptions(temperature=0, repetition_penalty=1.3, min_tokens=2, stop_token_ids=(7,),
+                               logit_bias=((2, 5.0),), structured_outputs='{"regex":"a+"}')  # fmt: skip
     for options in (SamplingOptions(), SamplingOptions(max_tokens=3, temperature=0, stop=("b", "a"), seed=1),
                     adjusted):  # fmt: skip
         typed = SamplingKey.from_options(options)

@@ -240,6 +240,11 @@ def test_vllm_s_stop_extensions(client: openai.OpenAI) -> None:
     kept = client.completions.create(**ask, stop=[word], extra_body={"include_stop_str_in_output": True})
     assert without.finish_reason == "stop" and word not in without.text, without
     assert kept.choices[0].text == without.text + word, (kept, without)
+    # logit_bias: -100 bans the token the answer began with, +100 makes a token the whole answer.
+    banned = client.completions.create(**ask, logit_bias={str(ids[0]): -100}).choices[0]
+    assert not banned.text.startswith(tokenizer.decode(ids[:1])), (banned, plain)
+    forced = client.completions.create(**ask, logit_bias={str(ids[1]): 100}).choices[0]
+    assert forced.text == tokenizer.decode([ids[1]] * 8), forced
     # Known vLLM fields not honoured here are a 400 naming them, never dropped silently.
     with pytest.raises(openai.BadRequestError, match="use_beam_search is not supported"):
         client.completions.create(**ask, extra_body={"use_beam_search": True})

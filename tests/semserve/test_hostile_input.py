@@ -74,7 +74,10 @@ JSON = st.recursive(
     max_leaves=12,
 )
 SMALL_TOKENS = st.sampled_from([1, 2])
-SAMPLING_KEYS = ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos"]
+SAMPLING_KEYS = [
+    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos",
+    "stop_token_ids", "logit_bias", "structured_outputs", "logprobs", "skip_special_tokens",
+]  # fmt: skip
 
 
 def _sampling_value(key: str) -> st.SearchStrategy[Any]:
@@ -87,6 +90,15 @@ def _sampling_value(key: str) -> st.SearchStrategy[Any]:
         "seed": st.sampled_from([0, 7, 2**62]),
         "stop": st.sampled_from(["\n", ["a", "b"], '["x"]']),
         "ignore_eos": st.booleans(),
+        "stop_token_ids": st.sampled_from([[2], [], [10**12], "[13]"]),
+        "logit_bias": st.sampled_from([{"13": 5}, {"9" * 30: 1}, {"2": 1e9}, '{"13": -100}']),
+        # Constraints vLLM cannot compile ("(", a schema of type "x") must be a 400 too.
+        "structured_outputs": st.sampled_from([
+            {"regex": "[0-9]"}, {"choice": ["a", "b"]}, {"json": {"type": "x"}}, {"regex": "("},
+            {"grammar": "nonsense"}, '{"json_object": true}',
+        ]),
+        "logprobs": st.sampled_from([0, 1, 20, 21, -1]),
+        "skip_special_tokens": st.booleans(),
     }
     return st.one_of(plausible[key], plausible[key], JSON)
 

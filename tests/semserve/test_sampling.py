@@ -37,6 +37,10 @@ def test_defaults_are_vllm_s_and_adjust_nothing() -> None:
         ({"include_stop_str_in_output": True}, {"include_stop_str_in_output": True}),
         ({"skip_special_tokens": "false"}, {"skip_special_tokens": False}),  # v2 string parameters
         ({"skip_special_tokens": True}, {}),
+        # OpenAI's map (ids as JSON strings), by id; JSON-able pairs in a key.
+        ({"logit_bias": {"9": -100, "2": 5.5}}, {"logit_bias": [[2, 5.5], [9, -100.0]]}),
+        ({"logit_bias": '{"2": 1}'}, {"logit_bias": [[2, 1.0]]}),  # v2's JSON in a string
+        ({"logit_bias": {}}, {}),
     ],
 )
 def test_adjustments_parsed(params: dict[str, Any], adjusted: dict[str, Any]) -> None:
@@ -65,6 +69,11 @@ def test_adjustments_parsed(params: dict[str, Any], adjusted: dict[str, Any]) ->
         ({"stop_token_ids": [-1]}, "stop_token_ids", "stop_token_ids must not be negative"),
         ({"stop_token_ids": [1] * 257}, "stop_token_ids", "stop_token_ids may hold at most 256 ids"),
         ({"skip_special_tokens": 1}, "skip_special_tokens", "skip_special_tokens must be a boolean"),
+        ({"logit_bias": {"2": 101}}, "logit_bias", "logit_bias[2] must be in [-100, 100], got 101.0"),
+        ({"logit_bias": {"x": 1}}, "logit_bias", "logit_bias keys must be token ids (non-negative integers)"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias", "keys must be token ids"),
+        ({"logit_bias": {"2": "big"}}, "logit_bias", "logit_bias[2] must be a number"),
+        ({"logit_bias": [1, 2]}, "logit_bias", "logit_bias must map token ids to biases"),
     ],
 )
 def test_out_of_range_is_a_400_naming_the_field(params: dict[str, Any], field: str, message: str) -> None:

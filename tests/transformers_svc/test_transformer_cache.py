@@ -100,7 +100,7 @@ def test_sampling_parameters_and_system_prompt_change_the_key(transformer: Trans
     # hits itself.
     adjustments = [{"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repetition_penalty": 1.2},
                    {"min_p": 0.1}, {"min_tokens": 2}, {"stop_token_ids": [13]},
-                   {"skip_special_tokens": False},
+                   {"skip_special_tokens": False}, {"logit_bias": {"13": 5}},
                    {"stop": ["."], "include_stop_str_in_output": True}]  # fmt: skip
     for adjustment in adjustments:
         assert chat(transformer, q, **adjustment).headers["x-semserve-cache"] == "miss", adjustment
