@@ -75,18 +75,19 @@ class PredictorOpenAI:
         self, prepared: list[Prepared], fmt: Formatter, ctx: OpenAIHttpCall, operation: str
     ) -> AsyncIterator[Any]:
         """Every choice's pieces as they come, each chunk naming its choice."""
-        for i, p in enumerate(prepared):
-            opening = fmt.start(Piece("", None, 0, len(p.token_ids)), i)
+        # Each choice's latest piece: its counts so far (before the first, the prompt's alone).
+        latest = [Piece("", None, 0, len(p.token_ids)) for p in prepared]
+        for i, before in enumerate(latest):
+            opening = fmt.start(before, i)
             if opening is not None:
                 yield opening
         one = len(prepared) == 1
-        seen: list[list[Piece]] = [[] for _ in prepared]
         async for index, piece in merge_streams([
             self.engine.generate(p, ctx.request_id if one else f"{ctx.request_id}-{i}", PROTOCOL, operation)
             for i, p in enumerate(prepared)
         ]):
-            seen[index].append(piece)
+            latest[index] = piece
             for chunk in fmt.piece(piece, index):
                 yield chunk
         if fmt.usage_report.final:
-            yield fmt.total_usage([answer_of(pieces) for pieces in seen])
+            yield fmt.total_usage([answer_of([piece]) for piece in latest])

@@ -173,6 +173,16 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
     return opts
 
 
+def _decoded(name: str, raw: Any) -> Any:
+    """A value that v2 parameters (scalars) carry as JSON in a string, decoded; others as they are."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        raise BadRequest(f"{name} is not valid JSON", name) from None
+
+
 MAX_LOGIT_BIAS = 1024  # token ids per request; more is a client bug
 
 
@@ -180,11 +190,7 @@ def logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
     """OpenAI's {token id (a string in JSON): bias} (or [id, bias] pairs, as to_dict writes them)
     as (id, bias) pairs by id; biases in OpenAI's [-100, 100]."""
     name = "logit_bias"
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError:
-            raise BadRequest(f"{name} is not valid JSON", name) from None
+    raw = _decoded(name, raw)
     pairs = list(raw.items()) if isinstance(raw, dict) else raw
     pair = (list, tuple)
     if not isinstance(pairs, pair) or any(not isinstance(p, pair) or len(p) != 2 for p in pairs):
@@ -218,11 +224,7 @@ def structured_outputs(raw: Any) -> str:
     """One structured-outputs constraint (a dict, or its JSON in a string as v2 parameters carry
     it) as canonical JSON: the same constraint keys the cache alike however it was written."""
     name = "structured_outputs"
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError:
-            raise BadRequest(f"{name} is not valid JSON", name) from None
+    raw = _decoded(name, raw)
     if not isinstance(raw, dict):
         raise BadRequest(f"{name} must be an object with one of {', '.join(STRUCTURED_CONSTRAINTS)}", name)
     unknown = sorted(set(raw) - set(STRUCTURED_CONSTRAINTS) - set(_STRUCTURED_OPTIONS))
