@@ -143,6 +143,7 @@ def parse_sampling(params: dict[str, Any], defaults: SamplingOptions | None = No
         elif key == "logit_bias":
             values[key] = logit_bias(raw)
         elif key == "stop_token_ids":
+            raw = _decoded(key, raw)
             ints = isinstance(raw, (list, tuple)) and all(type(t) is int for t in raw)  # bool is no id
             if not ints:
                 raise BadRequest("stop_token_ids must be a list of integers", key)

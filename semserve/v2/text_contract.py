@@ -214,14 +214,14 @@ def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
             raise BadRequest(f"{SAMPLING_INPUT} must be a JSON object", SAMPLING_INPUT)
         params = {**params, **parsed}
     stream = _stream_flag(request, params)
-    # Lists may arrive JSON-encoded in a string parameter (v2 parameters are scalars).
-    for name in ("stop", "stop_token_ids"):
-        value = params.get(name)
-        if isinstance(value, str) and value.startswith("["):
-            try:
-                params[name] = json.loads(value)
-            except json.JSONDecodeError:
-                raise BadRequest(f"{name} is not a valid JSON list", name) from None
+    # `stop` may arrive as a JSON-encoded list in a string parameter (v2 parameters are scalars); a
+    # plain string is one stop string. Other JSON-in-a-string values are decoded by parse_sampling.
+    stop = params.get("stop")
+    if isinstance(stop, str) and stop.startswith("["):
+        try:
+            params["stop"] = json.loads(stop)
+        except json.JSONDecodeError:
+            raise BadRequest("stop is not a valid JSON list", "stop") from None
     _response_format(chats, params)
     sampling = parse_sampling(params)
     extra = {k: v for k, v in params.items() if k not in sampling.to_dict()}
