@@ -222,9 +222,11 @@ class Engine:
 
     def render_chat(self, chat: ChatPrompt) -> str:
         """The prompt text of a chat: its messages through the model's chat template."""
-        return self.render_messages(chat.plain_messages(), **(chat.chat_template_kwargs or {}))
+        tools = chat.template_tools()
+        return self.render_messages(chat.plain_messages(), **(chat.chat_template_kwargs or {}),
+                                    **({"tools": tools} if tools else {}))  # fmt: skip
 
-    def render_messages(self, messages: list[dict[str, str]], **template_kwargs: Any) -> str:
+    def render_messages(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> str:
         """Chat messages, in the form chat templates take, through the model's chat template."""
         if not self.ready:
             # Without this a chat request during engine load met a tokenizer of None and was

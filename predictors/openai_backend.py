@@ -65,7 +65,8 @@ class PredictorOpenAI:
         prompt = self.engine.render_chat(req.prompt())
         req.check_choices(1, self.settings.max_batch_size)
         prepared = [await self.engine.prepare(prompt, o, field="messages") for o in req.choices(options)]
-        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report, req.n)
+        tools = req.prompt().tool_use()
+        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report, req.n, tools)
         self._label(ctx)
         if req.stream:
             return self._stream(prepared, fmt, ctx, "chat")

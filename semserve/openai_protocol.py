@@ -9,6 +9,7 @@ and meanings of the OpenAI API (plus vLLM's `top_k` and `ignore_eos` extensions)
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,19 +19,32 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from semserve.answer import Logprobs
 from semserve.errors import BadRequest
+from semserve.openai_tools import (
+    ToolCall,
+    ToolCallMessage,
+    ToolChoice,
+    ToolSpec,
+    ToolUse,
+    new_call_id,
+    tool_use,
+)
 from semserve.openai_wire import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCall,
     ChatCompletionTokenLogprob,
     ChoiceDelta,
+    ChoiceDeltaToolCall,
+    ChoiceDeltaToolCallFunction,
     ChoiceLogprobs,
     ChunkChoice,
     Completion,
     CompletionChoice,
     CompletionLogprobs,
     CompletionUsage,
+    Function,
     OpenAIModelCard,
     TopLogprob,
 )
@@ -219,12 +233,17 @@ class _SamplingFields(_Encodable):
                   if k in _GUIDED and v is not None}  # fmt: skip
         asked = [(name, c) for name, c in (("structured_outputs", self.structured_outputs),
                                             ("guided_*", guided or None),
-                                            ("response_format", structured_of(self.response_format)))
+                                            self._chat_constraint() or ("", None))
                  if c is not None]  # fmt: skip
         if len(asked) > 1:
             names = " and ".join(name for name, _ in asked)
             raise BadRequest(f"{names} both constrain the output: set one", asked[1][0])
         return asked[0][1] if asked else None
+
+    def _chat_constraint(self) -> tuple[str, dict[str, Any]] | None:
+        """The constraint the request's own fields ask for, with the field that asks."""
+        constraint = structured_of(self.response_format)
+        return ("response_format", constraint) if constraint is not None else None
 
     def logprobs_asked(self) -> int | None:
         """How many most likely tokens to report beside each generated one; None: no logprobs."""
@@ -333,6 +352,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # an assistant's calls, earlier in the chat
+    tool_call_id: str | None = None  # a tool's result: the call it answers
 
     @field_validator("content", mode="before")
     @classmethod
@@ -362,15 +383,15 @@ class ChatPrompt(_Encodable):
     model_config = ConfigDict(extra="forbid")
 
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[Any] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     # Passed to the tokenizer's apply_chat_template, as vLLM's server does.
     chat_template_kwargs: dict[str, Any] | None = None
 
     def check(self) -> None:
-        if self.tools:
-            raise BadRequest("tools are not supported by this model server", "tools")
-        structured_of(self.response_format)  # a 400 for one it cannot constrain to
+        self.constraint()  # a 400 for a response_format or tool_choice it cannot constrain to
         for i, m in enumerate(self.messages):
             if "\x00" in m.text:
                 raise BadRequest(f"messages[{i}].content contains a NUL character", "messages")
@@ -382,12 +403,28 @@ class ChatPrompt(_Encodable):
             if key in _TEMPLATE_ARGUMENTS_OF_OURS:
                 raise BadRequest(f"chat_template_kwargs may not set {key!r}", "chat_template_kwargs")
 
-    def plain_messages(self) -> list[dict[str, str]]:
-        # Chat templates expect "system"; "developer" is OpenAI's newer name for the same role.
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
-            for m in self.messages
-        ]
+    def tool_use(self) -> ToolUse | None:
+        """The call `tools` and `tool_choice` force, if any (semserve/openai_tools.py)."""
+        return tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def constraint(self) -> tuple[str, dict[str, Any]] | None:
+        """The structured-outputs constraint the chat itself asks for, with the field that asks:
+        its `response_format`, or the call its `tool_choice` forces; both is a 400."""
+        use = self.tool_use()
+        asked = [(name, c) for name, c in (("response_format", structured_of(self.response_format)),
+                                            ("tool_choice", use.constraint if use else None))
+                 if c is not None]  # fmt: skip
+        if len(asked) > 1:
+            message = "response_format and tool_choice both constrain the output: set one"
+            raise BadRequest(message, "tool_choice")
+        return asked[0] if asked else None
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as chat templates take them (vLLM passes them so too)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def plain_messages(self) -> list[dict[str, Any]]:
+        return [_plain(m) for m in self.messages]
 
     def context(self) -> dict[str, Any]:
         """Everything but the last message's text: what a cached answer must match exactly."""
@@ -395,9 +432,15 @@ class ChatPrompt(_Encodable):
         context: dict[str, Any] = {
             "history": messages[:-1],
             "last_role": messages[-1]["role"],
-            "tools": self.tools,
+            "tools": self.template_tools(),
             "response_format": self.response_format,
         }
+        # Keyed only when set, so that the keys of chats without them stay as they were.
+        if self.tool_choice is not None:
+            choice = self.tool_choice
+            context["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+        if self.parallel_tool_calls is not None:
+            context["parallel_tool_calls"] = self.parallel_tool_calls
         if self.chat_template_kwargs:
             context["chat_template_kwargs"] = self.chat_template_kwargs
         return context
@@ -408,14 +451,39 @@ class ChatPrompt(_Encodable):
 
 
 # Arguments the server sets itself when it renders a template.
-_TEMPLATE_ARGUMENTS_OF_OURS = ("conversation", "messages", "tokenize", "add_generation_prompt")
+_TEMPLATE_ARGUMENTS_OF_OURS = ("conversation", "messages", "tokenize", "add_generation_prompt", "tools")
+
+
+def _plain(m: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates take it."""
+    # Chat templates expect "system"; "developer" is OpenAI's newer name for the same role.
+    plain: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+    # Tool fields only where they are, so that other messages render (and key) as they did.
+    if m.tool_calls:
+        # Templates read the arguments as an object, as vLLM hands them over.
+        plain["tool_calls"] = [
+            {"id": c.id, "type": c.type, "function": {"name": c.function.name,
+                                                      "arguments": _arguments(c.function.arguments)}}
+            for c in m.tool_calls
+        ]  # fmt: skip
+    if m.tool_call_id is not None:
+        plain["tool_call_id"] = m.tool_call_id
+    return plain
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, json_schema_extra={"minimum": 1})
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_LOGPROBS})
@@ -438,12 +506,14 @@ class ChatCompletionRequest(_SamplingFields):
         return ChatPrompt(
             messages=self.messages,
             tools=self.tools,
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls,
             response_format=self.response_format,
             chat_template_kwargs=self.chat_template_kwargs,
         )
 
-    def plain_messages(self) -> list[dict[str, str]]:
-        return self.prompt().plain_messages()
+    def _chat_constraint(self) -> tuple[str, dict[str, Any]] | None:
+        return self.prompt().constraint()
 
 
 def _utf8(text: str) -> bool:
@@ -533,25 +603,49 @@ def completion_usage_chunk(
 def chat_completion(
     rid: str, model: str, created: int, texts: list[str], finish_reasons: list[str], prompt_tokens: int,
     completion_tokens: int, logprobs: list[ChoiceLogprobs | None] | None = None,
+    calls: list[list[ToolCall]] | None = None,
 ) -> ChatCompletion:
-    """One choice per text (OpenAI's `n`); usage counts the prompt once and every choice's tokens."""
+    """One choice per text (OpenAI's `n`); usage counts the prompt once and every choice's tokens.
+    A choice that calls tools (`calls`) has them in its message instead of content."""
     reported = logprobs or [None] * len(texts)
+    called = calls or [[]] * len(texts)
     return ChatCompletion(
         id=rid,
         object="chat.completion",
         created=created,
         model=model,
         choices=[
-            ChatChoice(
-                index=i,
-                message=ChatCompletionMessage(role="assistant", content=text),
-                finish_reason=_finish(reason),
-                logprobs=lp,
-            )
-            for i, (text, reason, lp) in enumerate(zip(texts, finish_reasons, reported, strict=True))
+            ChatChoice(index=i, message=_message(text, made), finish_reason=_finish(reason), logprobs=lp)
+            for i, (text, reason, lp, made)
+            in enumerate(zip(texts, finish_reasons, reported, called, strict=True))
         ],
         usage=usage(prompt_tokens, completion_tokens),
     )
+
+
+def _message(text: str, calls: list[ToolCall]) -> ChatCompletionMessage:
+    if not calls:
+        return ChatCompletionMessage(role="assistant", content=text)
+    return ChatCompletionMessage(role="assistant", content=None, tool_calls=[
+        ChatCompletionMessageFunctionToolCall(id=new_call_id(), type="function",
+                                              function=Function(name=c.name, arguments=c.arguments))
+        for c in calls
+    ])  # fmt: skip
+
+
+def tool_call_deltas(calls: list[ToolCall]) -> list[ChoiceDeltaToolCall]:
+    """Whole calls, as one chunk's delta carries them."""
+    return [ChoiceDeltaToolCall(index=i, id=new_call_id(), type="function",
+                                function=ChoiceDeltaToolCallFunction(name=c.name, arguments=c.arguments))
+            for i, c in enumerate(calls)]  # fmt: skip
+
+
+def arguments_delta(text: str, name: str | None = None) -> list[ChoiceDeltaToolCall]:
+    """A piece of one call's arguments; its first piece (`name` given) opens the call."""
+    if name is None:
+        return [ChoiceDeltaToolCall(index=0, function=ChoiceDeltaToolCallFunction(arguments=text))]
+    return [ChoiceDeltaToolCall(index=0, id=new_call_id(), type="function",
+                                function=ChoiceDeltaToolCallFunction(name=name, arguments=text))]  # fmt: skip
 
 
 def chat_chunk(
@@ -565,8 +659,9 @@ def chat_chunk(
     with_usage: bool = False,
     index: int = 0,
     logprobs: ChoiceLogprobs | None = None,
+    tool_calls: list[ChoiceDeltaToolCall] | None = None,
 ) -> ChatCompletionChunk:
-    delta = ChoiceDelta(role="assistant" if role else None, content=content)
+    delta = ChoiceDelta(role="assistant" if role else None, content=content, tool_calls=tool_calls)
     # `with_usage` (the request's include_usage): the field is set, null but on the last chunk
     # unless usage is continuous, as OpenAI documents it; left out otherwise.
     usage_field = {"usage": usage_so_far} if with_usage else {}
@@ -658,7 +753,7 @@ def model_card(name: str, created: int, owned_by: str = "semserve") -> OpenAIMod
 
 def _finish(reason: str | None) -> Any:
     # vLLM reports "abort" for cancelled requests; those never reach a client as a success.
-    return reason if reason in ("stop", "length") else "stop"
+    return reason if reason in ("stop", "length", "tool_calls") else "stop"
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:

@@ -6,7 +6,7 @@ Field for field (names, order, defaults) the `openai` package's own types (opena
 its client parses; tests/semserve/test_openai_wire.py compares the JSON of both for every builder in
 semserve/openai_protocol.py. Ours because importing any of `openai.types` imports the whole `openai`
 package (its HTTP clients, ~530 modules): ~0.9 s of a 2-core transformer start, for ten small
-models. Nested objects we never send (tool calls, audio, ...) are typed `Any`.
+models. Nested objects we never send (audio, annotations, ...) are typed `Any`.
 """
 
 from __future__ import annotations
@@ -58,6 +58,19 @@ class Completion(_Wire):
     usage: CompletionUsage | None = None
 
 
+class Function(_Wire):
+    """openai.types.chat.chat_completion_message_function_tool_call.Function."""
+
+    arguments: str
+    name: str
+
+
+class ChatCompletionMessageFunctionToolCall(_Wire):
+    id: str
+    function: Function
+    type: Literal["function"]
+
+
 class ChatCompletionMessage(_Wire):
     content: str | None = None
     refusal: str | None = None
@@ -65,7 +78,7 @@ class ChatCompletionMessage(_Wire):
     annotations: Any = None
     audio: Any = None
     function_call: Any = None
-    tool_calls: Any = None
+    tool_calls: list[ChatCompletionMessageFunctionToolCall] | None = None
 
 
 class TopLogprob(_Wire):
@@ -110,13 +123,25 @@ class ChatCompletion(_Wire):
     usage: CompletionUsage | None = None
 
 
+class ChoiceDeltaToolCallFunction(_Wire):
+    arguments: str | None = None
+    name: str | None = None
+
+
+class ChoiceDeltaToolCall(_Wire):
+    index: int
+    id: str | None = None
+    function: ChoiceDeltaToolCallFunction | None = None
+    type: Literal["function"] | None = None
+
+
 class ChoiceDelta(_Wire):
     audio: Any = None
     content: str | None = None
     function_call: Any = None
     refusal: str | None = None
     role: Literal["developer", "system", "user", "assistant", "tool"] | None = None
-    tool_calls: Any = None
+    tool_calls: list[ChoiceDeltaToolCall] | None = None
 
 
 class ChunkChoice(_Wire):

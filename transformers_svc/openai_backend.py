@@ -177,7 +177,8 @@ class TransformerOpenAI:
         await self._check(r, req.model)
         r = replace(r, ctx=r.ctx.with_sampling(req.sampling(self.settings.default_max_tokens)))
         req.check_choices(1, self.settings.max_batch_size)
-        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report, req.n)
+        tools = req.prompt().tool_use()
+        fmt = ChatFormatter(self.name, oa.new_id("chatcmpl"), oa.now(), req.usage_report, req.n, tools)
         plan = _plan("chat", [req.prompt()], r.ctx.choices(req.n))
         return await (self._stream(r, plan, fmt) if req.stream else self._whole(r, plan, fmt))
 

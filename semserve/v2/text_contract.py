@@ -4,8 +4,10 @@ outputs of a text model, parsed from a KServe InferRequest and built into an Inf
 It is the contract of Triton's vLLM backend, so existing clients work unchanged:
 - input  `text_input` BYTES [B] (or [B, 1]): B prompts, generated together;
 - or     `chat` BYTES [B]: B chat prompts, each the JSON of an OpenAI chat request's prompt-shaping
-         fields {"messages", "tools", "response_format", "chat_template_kwargs"}, rendered with the
-         model's chat template by the predictor (semserve.openai_protocol.ChatPrompt);
+         fields {"messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+         "chat_template_kwargs"}, rendered with the model's chat template by the predictor
+         (semserve.openai_protocol.ChatPrompt); a non-text response_format or a forced tool call
+         is the request's structured-outputs constraint;
 - input  `sampling_parameters` BYTES [1] (optional): a JSON object, merged over request parameters;
 - input  `stream` BOOL [1] (optional, or parameter `stream`): on ModelStreamInfer and
          generate_stream, one response per new text piece instead of one per request;
@@ -27,7 +29,7 @@ from pydantic import ValidationError
 
 from semserve.answer import Answer, Logprobs, TokenLogprob
 from semserve.errors import BadRequest
-from semserve.openai_protocol import ChatPrompt, structured_of, validation_error
+from semserve.openai_protocol import ChatPrompt, validation_error
 from semserve.sampling import SamplingOptions, parse_sampling, structured_outputs
 
 TEXT_INPUT = "text_input"
@@ -229,19 +231,21 @@ def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
 
 
 def _response_format(chats: list[ChatPrompt], params: dict[str, Any]) -> None:
-    """A chat's non-text `response_format` as the request's structured-outputs constraint (one
-    for the whole batch, as sampling is)."""
-    asked = [structured_of(chat.response_format) for chat in chats]
+    """A chat's non-text `response_format`, or the tool call its `tool_choice` forces, as the
+    request's structured-outputs constraint (one for the whole batch, as sampling is)."""
+    asked = [chat.constraint() for chat in chats]
     if all(a is None for a in asked):
         return
     if any(a != asked[0] for a in asked):
-        raise BadRequest("the chats of one request must ask for the same response_format", CHAT_INPUT)
+        raise BadRequest("the chats of one request must ask for the same response_format and tool_choice",
+                         CHAT_INPUT)  # fmt: skip
+    field, constraint = asked[0]
     given = params.get("structured_outputs")
     # The transformer sends both: the chat as its client wrote it, and the constraint it maps to.
-    if given is not None and structured_outputs(given) != structured_outputs(asked[0]):
-        raise BadRequest("response_format and structured_outputs ask for different outputs: set one",
+    if given is not None and structured_outputs(given) != structured_outputs(constraint):
+        raise BadRequest(f"{field} and structured_outputs ask for different outputs: set one",
                          "structured_outputs")  # fmt: skip
-    params["structured_outputs"] = asked[0]
+    params["structured_outputs"] = constraint
 
 
 def text_inputs(request: InferRequest) -> list[str]:

@@ -308,3 +308,99 @@ def test_structured_outputs(client: openai.OpenAI, predictor: Predictor) -> None
     assert re.fullmatch("[0-9]{2}", text), text
     with pytest.raises(openai.BadRequestError, match="response_format type 'xml' is not supported"):
         client.chat.completions.create(model="llm", messages=QUESTION, response_format={"type": "xml"})
+
+
+WEATHER = [
+    {"role": "system", "content": "You are a weather assistant."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                       "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time now"}},
+]
+GET_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_tool_calls(client: openai.OpenAI) -> None:
+    # A named function: the model's text is that call's arguments, in the schema of its parameters.
+    ask = {"model": "llm", "messages": WEATHER, "tools": TOOLS, "temperature": 0}
+    named = client.chat.completions.create(**ask, tool_choice=GET_WEATHER, max_tokens=40)
+    [choice] = named.choices
+    assert choice.finish_reason == "stop" and choice.message.content is None, named
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert call.id.startswith("chatcmpl-tool-")
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    # "required": the model picks among the tools (one call, as parallel_tool_calls is false) and
+    # the choice finishes with "tool_calls", as OpenAI's does.
+    required = client.chat.completions.create(**ask, tool_choice="required", parallel_tool_calls=False,
+                                              max_tokens=60)  # fmt: skip
+    [choice] = required.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, required
+    [call] = choice.message.tool_calls
+    assert call.function.name in ("get_weather", "get_time")
+    assert isinstance(json.loads(call.function.arguments), dict)
+    # "none": the tools only reach the chat template, the answer is text.
+    text = client.chat.completions.create(model="llm", messages=QUESTION, tools=TOOLS, tool_choice="none",
+                                          temperature=0, max_tokens=12)  # fmt: skip
+    assert text.choices[0].message.content and text.choices[0].message.tool_calls is None
+
+
+def test_tool_calls_streamed(client: openai.OpenAI) -> None:
+    # A named call's arguments stream as the model writes them: the first delta opens the call (id,
+    # name), the next ones carry arguments only; together they are the whole answer's arguments.
+    ask = {"model": "llm", "messages": WEATHER, "tools": TOOLS, "tool_choice": GET_WEATHER, "temperature": 0,
+           "max_tokens": 40}  # fmt: skip
+    whole = client.chat.completions.create(**ask).choices[0].message.tool_calls[0]
+    deltas = [c.choices[0].delta.tool_calls for c in client.chat.completions.create(**ask, stream=True)
+              if c.choices and c.choices[0].delta.tool_calls]  # fmt: skip
+    assert len(deltas) > 1
+    assert deltas[0][0].id and deltas[0][0].function.name == "get_weather"
+    assert all(d[0].id is None and d[0].function.name is None for d in deltas[1:])
+    assert "".join(d[0].function.arguments for d in deltas) == whole.function.arguments
+    # "required" calls are parsed once whole: they come in one chunk, before the finish.
+    chunks = list(client.chat.completions.create(**{**ask, "tool_choice": "required", "max_tokens": 60},
+                                                 stream=True))  # fmt: skip
+    calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(calls) == 1 and calls[0][0].function.name in ("get_weather", "get_time"), chunks
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_results_in_the_history(client: openai.OpenAI) -> None:
+    # A conversation that called a tool and has its result goes on, as the openai client writes it.
+    arguments = '{"city": "Paris"}'
+    call = {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    messages = [*WEATHER, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call-1", "content": "Sunny, 21 C"},
+                {"role": "user", "content": "So, is it sunny?"}]  # fmt: skip
+    answer = client.chat.completions.create(model="llm", messages=messages, tools=TOOLS, tool_choice="none",
+                                            temperature=0, max_tokens=12)  # fmt: skip
+    assert answer.choices[0].message.content, answer
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"tools": TOOLS}, 'tool_choice "auto" (the default with tools) needs a parser'),
+        ({"tools": TOOLS, "tool_choice": "auto"}, "needs a parser of the model's own tool-call format"),
+        ({"tool_choice": "required"}, "tool_choice needs tools"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}},
+         "tool_choice names 'fly', which is not in tools"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+         "response_format and tool_choice both constrain the output"),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}], "tool_choice": "none"},
+         "tools.0.function.name"),
+        ({"tools": [TOOLS[1], TOOLS[1]], "tool_choice": "required"}, "tools name a function twice"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"x": {"type": "frobnicate"}}}}}], "tool_choice": "required"},
+         "Invalid type: frobnicate"),
+    ],
+)
+def test_tool_errors(predictor: Predictor, fields: dict, needle: str) -> None:
+    body = {"model": "llm", "messages": WEATHER, "max_tokens": 8, **fields}
+    r = httpx.post(f"{predictor.openai_base}/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"]

@@ -331,7 +331,7 @@ def _validate_openai(cls: type[Any], body: Any) -> None:
         req.unsupported()
         opts = req.sampling(128)
         if isinstance(req, ChatCompletionRequest):
-            _check_parsed_texts([m["content"] for m in req.plain_messages()], opts.stop)
+            _check_parsed_texts([m["content"] for m in req.prompt().plain_messages()], opts.stop)
         else:
             _check_parsed_texts(req.prompts, opts.stop)
         req.model_dump(exclude_none=True)

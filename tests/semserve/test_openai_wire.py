@@ -14,7 +14,15 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 from openai.types.chat.chat_completion import Choice as ChatChoice
 from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
-from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import (
+    ChoiceDelta,
+    ChoiceDeltaToolCall,
+    ChoiceDeltaToolCallFunction,
+)
+from openai.types.chat.chat_completion_message_function_tool_call import (
+    ChatCompletionMessageFunctionToolCall,
+    Function,
+)
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
 from pydantic import BaseModel
@@ -22,6 +30,7 @@ from pydantic import BaseModel
 from semserve import openai_protocol as oa
 from semserve import openai_wire
 from semserve.answer import TokenLogprob
+from semserve.openai_tools import ToolCall
 
 THEIRS: dict[str, type[BaseModel]] = {
     "Completion": Completion,
@@ -38,6 +47,10 @@ THEIRS: dict[str, type[BaseModel]] = {
     "ChoiceLogprobs": ChoiceLogprobs,
     "ChatCompletionTokenLogprob": ChatCompletionTokenLogprob,
     "TopLogprob": TopLogprob,
+    "ChatCompletionMessageFunctionToolCall": ChatCompletionMessageFunctionToolCall,
+    "Function": Function,
+    "ChoiceDeltaToolCall": ChoiceDeltaToolCall,
+    "ChoiceDeltaToolCallFunction": ChoiceDeltaToolCallFunction,
 }
 # Two tokens, the first with two alternatives, the second's text not whole yet.
 TOKENS = (TokenLogprob(" Pa", -0.25, ((" Pa", -0.25), (" Lyon", -2.0))),
@@ -65,6 +78,15 @@ BUILDERS: list[tuple[str, Callable[[], BaseModel]]] = [
     ("chat_chunk logprobs",
      lambda: oa.chat_chunk("chat-1", "llm", 17, " Pa", logprobs=oa.chat_logprobs(TOKENS))),
     ("model_card", lambda: oa.model_card("llm", 17)),
+    ("chat_completion tool calls",
+     lambda: oa.chat_completion("chat-1", "llm", 17, ["[...]", "x"], ["tool_calls", "length"], 5, 9,
+                                calls=[[ToolCall("f", '{"a": 1}'), ToolCall("g", "{}")], []])),
+    ("chat_chunk tool calls", lambda: oa.chat_chunk("chat-1", "llm", 17, None, tool_calls=oa.tool_call_deltas(
+        [ToolCall("f", '{"a": 1}'), ToolCall("g", "{}")]))),
+    ("chat_chunk call opened", lambda: oa.chat_chunk("chat-1", "llm", 17, None,
+                                                     tool_calls=oa.arguments_delta('{"a"', "f"))),
+    ("chat_chunk arguments",
+     lambda: oa.chat_chunk("chat-1", "llm", 17, None, tool_calls=oa.arguments_delta(": 1}"))),
 ]
 
 

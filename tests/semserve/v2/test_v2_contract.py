@@ -70,13 +70,34 @@ def test_chat_input_parses_into_chat_prompts() -> None:
     assert r.chats[0].last_text == "Hi" and r.chats[0].chat_template_kwargs == {"enable_thinking": False}
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_a_chat_s_forced_tool_call_is_the_request_s_constraint() -> None:
+    # The call's arguments are what the text output holds; the transformer sends the constraint
+    # too, which must then be the same one.
+    named = _chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    r = v2.parse_request(req([InferInput("chat", [1], "BYTES", [named])]), 8)
+    assert json.loads(r.sampling.structured_outputs) == {"json": TOOL["function"]["parameters"]}
+    given = json.dumps({"json": TOOL["function"]["parameters"]})
+    assert v2.parse_request(req([InferInput("chat", [1], "BYTES", [named])], structured_outputs=given), 8)
+    with pytest.raises(BadRequest, match="tool_choice and structured_outputs ask for different outputs"):
+        v2.parse_request(req([InferInput("chat", [1], "BYTES", [named])],
+                             structured_outputs='{"regex": "x"}'), 8)  # fmt: skip
+    plain = _chat(tools=[TOOL], tool_choice="none")
+    with pytest.raises(BadRequest, match="the same response_format and tool_choice"):
+        v2.parse_request(req([InferInput("chat", [2], "BYTES", [named, plain])]), 8)
+
+
 @pytest.mark.parametrize(
     ("inputs", "field"),
     [
         ([InferInput("chat", [1], "BYTES", ["not json"])], "chat"),
         ([InferInput("chat", [1], "BYTES", [json.dumps({"messages": []})])], "chat"),
         ([InferInput("chat", [1], "BYTES", [_chat(unknown_field=1)])], "chat"),
-        ([InferInput("chat", [1], "BYTES", [_chat(tools=[{"type": "function"}])])], "tools"),
+        ([InferInput("chat", [1], "BYTES", [_chat(tools=[{"type": "function"}])])], "chat"),  # no function
+        ([InferInput("chat", [1], "BYTES", [_chat(tools=[TOOL])])], "tool_choice"),  # "auto" needs a parser
         ([InferInput("chat", [1], "BYTES", [_chat(chat_template_kwargs={"tokenize": True})])],
          "chat_template_kwargs"),
         ([InferInput("chat", [1], "BYTES", [_chat()]), InferInput("text_input", [1], "BYTES", ["x"])],
