@@ -176,6 +176,19 @@ RAW_BODIES = st.one_of(
 )
 
 
+# A function tool, its parameters sometimes a schema xgrammar cannot compile.
+TOOL = st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": st.sampled_from(["f", "g", "bad name"])},
+    optional={"description": TEXT, "parameters": st.sampled_from([
+        {"type": "object", "properties": {"x": {"type": "integer"}}}, {"type": "frobnicate"},
+        {"type": "object", "$defs": []}]) | JSON}),
+})
+TOOL_CHOICE = st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}])
+# A call in an assistant message of the history.
+CALL = st.fixed_dictionaries({"id": TEXT, "type": st.just("function"),
+                              "function": st.fixed_dictionaries({"name": TEXT, "arguments": TEXT | JSON})})
+
+
 @st.composite
 def openai_body(draw: st.DrawFn, chat: bool) -> Any:
     if draw(st.integers(0, 9)) == 0:
@@ -186,7 +199,8 @@ def openai_body(draw: st.DrawFn, chat: bool) -> Any:
             {"role": st.sampled_from(["user", "system", "assistant", "tool", "developer", "x"]) | JSON},
             optional={"content": TEXT | st.just("Say hi.") | st.lists(
                 st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": TEXT}) | JSON,
-                max_size=2) | JSON, "name": JSON},
+                max_size=2) | JSON, "name": JSON, "tool_call_id": TEXT | JSON,
+                "tool_calls": st.lists(CALL | JSON, max_size=2) | JSON},
         )
         body["messages"] = draw(st.lists(message, max_size=3) | JSON)
     else:
@@ -194,9 +208,10 @@ def openai_body(draw: st.DrawFn, chat: bool) -> Any:
     body.update(draw(sampling_params()))
     optional = {
         "stream": st.booleans() | JSON, "stream_options": st.just({"include_usage": True}) | JSON,
-        "n": st.sampled_from([1, 2]) | JSON, "logprobs": JSON, "user": TEXT | JSON, "tools": JSON,
+        "n": st.sampled_from([1, 2]) | JSON, "logprobs": JSON, "user": TEXT | JSON,
         "response_format": JSON, "echo": JSON, "presence_penalty": JSON, "max_completion_tokens": JSON,
-        "logit_bias": JSON,
+        "logit_bias": JSON, "tools": st.lists(TOOL, max_size=2) | JSON, "tool_choice": TOOL_CHOICE | JSON,
+        "parallel_tool_calls": st.booleans() | JSON,
     }
     for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True, max_size=4)):
         body[key] = draw(optional[key])
