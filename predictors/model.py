@@ -24,6 +24,8 @@ from semserve.v2.text_model import TextModel, request_id
 
 
 class VLLMPredictor(TextModel):
+    BACKEND = "vllm"
+
     def __init__(self, settings: PredictorSettings, engine: Engine) -> None:
         super().__init__(settings.model_name)
         self.settings = settings
@@ -68,7 +70,7 @@ class VLLMPredictor(TextModel):
             self.name, rid, answers, parameters=self._parameters(sum(a.prompt_tokens for a in answers))
         )
 
-    async def infer_stream(
+    async def answer_stream(
         self, payload: InferRequest, headers: dict[str, str]
     ) -> AsyncIterator[v2.StreamPart]:
         """ModelStreamInfer and generate_stream: with the `stream` input, one response per new text

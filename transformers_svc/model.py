@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,7 @@ class SemanticCacheTransformer(TextModel):
     # -- whole answers ------------------------------------------------------------------------------
 
     async def infer(self, payload: InferRequest, headers: dict[str, str]) -> InferResponse:
+        started = time.monotonic_ns()
         ctx = self._context(payload, headers, "infer")
         try:
             with _as_kserve_errors(self.name):
@@ -121,6 +123,7 @@ class SemanticCacheTransformer(TextModel):
             self.pipeline.report(RequestRecord.failed(ctx, exc, v2.text_inputs(payload)))
             raise
         statuses = [o.status for o in outcomes]
+        self._record_cache(statuses, started)
         self.pipeline.report(RequestRecord(
             call.ctx, 200, v2.text_inputs(payload), statuses, [o.answer.text for o in outcomes],
             parameters={} if payload.from_grpc else dict(payload.parameters or {}),
@@ -142,12 +145,13 @@ class SemanticCacheTransformer(TextModel):
 
     # -- streams ------------------------------------------------------------------------------------
 
-    async def infer_stream(
+    async def answer_stream(
         self, payload: InferRequest, headers: dict[str, str]
     ) -> AsyncIterator[v2.StreamPart]:
         """ModelStreamInfer and generate_stream. With the `stream` input, each prompt of the batch
         is looked up, then its pieces flow as they come (hits replayed, misses streamed through
         and shared by identical concurrent misses); each response says its prompt's cache_status."""
+        started = time.monotonic_ns()
         ctx = self._context(payload, headers, "stream")
         try:
             with _as_kserve_errors(self.name):
@@ -158,8 +162,8 @@ class SemanticCacheTransformer(TextModel):
             self.pipeline.report(RequestRecord.failed(ctx, exc, v2.text_inputs(payload)))
             raise
         if not call.request.stream:
-            # A whole answer: recorded by predict.
-            yield v2.StreamPart(await self.predict(payload, headers), final=True)
+            # A whole answer (the caller keeps the outputs the request names).
+            yield v2.StreamPart(await self.infer(payload, headers), final=True)
             return
         size = call.request.size
         statuses = [""] * size
@@ -172,8 +176,16 @@ class SemanticCacheTransformer(TextModel):
             status, error = status_of(exc), error_text(exc)
             raise
         finally:
+            self._record_cache(statuses, started)
             self.pipeline.report(RequestRecord(call.ctx, status, v2.text_inputs(payload), statuses,
                                                ["".join(t) for t in texts], error))
+
+    def _record_cache(self, statuses: list[str], started_ns: int) -> None:
+        """Triton's cache statistics: prompts the cache answered, and those it looked up in vain (a
+        bypass was not looked up)."""
+        hits = sum(s in ("exact", "semantic") for s in statuses)
+        misses = sum(s in ("miss", "shared") for s in statuses)
+        self.statistics.cached(hits, misses, time.monotonic_ns() - started_ns)
 
     async def _stream(
         self, call: _Call, statuses: list[str], texts: list[list[str]]

@@ -18,6 +18,7 @@ from semserve.openai_routes import OpenAIBackend, register_openai_routes, with_c
 from semserve.serving.metrics_filter import with_metrics_filter
 from semserve.serving.server import SemserveModelServer
 from semserve.v2.generate_routes import register_generate_routes
+from semserve.v2.triton_routes import register_triton_routes
 
 Asgi = Any  # an ASGI application
 
@@ -59,6 +60,7 @@ def build_server(settings: ServerSettings, service: Service) -> SemserveModelSer
     def setup(app: FastAPI) -> None:
         register_openai_routes(app, service.openai, prefix=settings.openai_route_prefix)
         register_generate_routes(app, service.model)
+        register_triton_routes(app, service.model)
         if service.extra_routes is not None:
             service.extra_routes(app)
 

@@ -1,8 +1,8 @@
 """gRPC server reflection (grpcurl, grpcui, Postman) describing the service as it is served: KServe's
 proto for the RPCs its servicer answers, with our messages where ours differ (InferParameter's
-double and uint64 params, the infer messages) and Triton's ModelStreamInfer, which KServe's proto
-lacks. The descriptor lives in a pool of its own: its names (`inference.*`) are KServe's too, and
-both cannot share the default pool."""
+double and uint64 params, the infer messages) and Triton's ModelStreamInfer, ModelConfig and
+ModelStatistics, which KServe's proto lacks. The descriptor lives in a pool of its own: its names
+(`inference.*`) are KServe's too, and both cannot share the default pool."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ _OURS, _SERVED = f".{pb.DESCRIPTOR.package}.", f".{kserve_pb.DESCRIPTOR.package}
 
 
 def service_file() -> descriptor_pb2.FileDescriptorProto:
-    """The served service's file: KServe's, our messages in place of its own, ModelStreamInfer added."""
+    """The served service's file: KServe's, our messages in place of its own, ModelStreamInfer and
+    Triton's ModelConfig and ModelStatistics added."""
     served = descriptor_pb2.FileDescriptorProto()
     kserve_pb.DESCRIPTOR.CopyToProto(served)
     ours = descriptor_pb2.FileDescriptorProto()
@@ -30,6 +31,7 @@ def service_file() -> descriptor_pb2.FileDescriptorProto:
         _retype(message)
     del served.message_type[:]
     served.message_type.extend(messages)
+    served.enum_type.extend(ours.enum_type)
     [service] = served.service
     service.method.add(
         name="ModelStreamInfer",
@@ -38,6 +40,9 @@ def service_file() -> descriptor_pb2.FileDescriptorProto:
         client_streaming=True,
         server_streaming=True,
     )
+    for name in ("ModelConfig", "ModelStatistics"):  # Triton's extensions
+        service.method.add(name=name, input_type=f"{_SERVED}{name}Request",
+                           output_type=f"{_SERVED}{name}Response")
     served.name = "semserve/grpc_inference_service.proto"
     return served
 

@@ -29,11 +29,12 @@ from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.utils.utils import to_headers
 
 from semserve import v2
-from semserve.errors import SERVER_ERROR, codes_of, error_field, error_text
+from semserve.errors import SERVER_ERROR, ServingError, codes_of, error_field, error_text
 from semserve.logs import get_logger
 from semserve.v2 import grpc_tensors as tensors
 from semserve.v2 import inference_pb2 as pb
 from semserve.v2.requested_outputs import keep_outputs, requested_outputs
+from semserve.v2.triton_routes import TritonModel, served
 
 log = get_logger("semserve.v2")
 
@@ -91,6 +92,28 @@ class InferenceService:
                 context.set_trailing_metadata(((ERROR_FIELD_METADATA, field),))
             raise GrpcException(error_text(exc), codes.grpc_status()) from None  # type: ignore[arg-type]
         return tensors.to_wire_response(response)
+
+    async def model_config(self, message: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
+        model = self._triton_model(message.name, message.version)
+        return pb.ModelConfigResponse(config=(await model.config()).proto())
+
+    async def model_statistics(self, message: pb.ModelStatisticsRequest, context: aio.ServicerContext) -> Any:
+        if message.name:
+            models = [self._triton_model(message.name, message.version)]
+        else:  # every model, as Triton answers an empty name
+            registry = self.dataplane.model_registry.get_models().values()
+            models = [m for m in registry if isinstance(m, TritonModel)]
+        return pb.ModelStatisticsResponse(model_stats=[m.statistics.proto(m.name) for m in models])
+
+    def _triton_model(self, name: str, version: str) -> TritonModel:
+        try:
+            model = self.dataplane.get_model_from_registry(name)
+            if not isinstance(model, TritonModel):
+                raise ModelNotFound(name)
+            served(model, name, version)
+        except (ModelNotFound, ServingError) as exc:
+            raise GrpcException(error_text(exc), codes_of(exc).grpc_status()) from None  # type: ignore[arg-type]
+        return model
 
     async def model_stream_infer(
         self, messages: AsyncIterator[pb.ModelInferRequest], context: aio.ServicerContext
@@ -184,6 +207,12 @@ def generic_handler(dataplane: DataPlane, kserve_servicer: InferenceServicer) ->
         request_deserializer=pb.ModelInferRequest.FromString,
         response_serializer=pb.ModelInferResponse.SerializeToString,
     )
+    for name, method in (("ModelConfig", ours.model_config), ("ModelStatistics", ours.model_statistics)):
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            method,
+            request_deserializer=getattr(pb, f"{name}Request").FromString,
+            response_serializer=getattr(pb, f"{name}Response").SerializeToString,
+        )
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         ours.model_stream_infer,
         request_deserializer=pb.ModelInferRequest.FromString,

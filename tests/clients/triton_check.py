@@ -264,7 +264,45 @@ def wire(grpc_address: str, http_address: str, args: dict[str, Any]) -> dict[str
     }
 
 
-SCENARIOS = {"unary": unary, "stream": stream, "aio": aio, "cancel": cancel, "wire": wire}
+def extensions(grpc_address: str, http_address: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Triton's model configuration and statistics extensions, over HTTP and gRPC, around the same
+    prompt asked twice."""
+    http = httpclient.InferenceServerClient(http_address)
+    grpc_client = grpcclient.InferenceServerClient(grpc_address)
+
+    def ask() -> None:
+        tensor = httpclient.InferInput("text_input", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([args["prompt"].encode()], dtype=np.object_))
+        http.infer(MODEL, [tensor], parameters={"temperature": 0.0, "max_tokens": 4})
+
+    def stats() -> dict[str, Any]:
+        return {"http": http.get_inference_statistics(MODEL),
+                "grpc": grpc_client.get_inference_statistics(MODEL, as_json=True)}  # fmt: skip
+
+    def error(call: Any) -> str:
+        try:
+            call()
+        except Exception as exc:  # the client's exception is the case's answer
+            return str(exc)
+        return ""
+
+    before = stats()
+    ask()
+    ask()
+    return {
+        "http_config": http.get_model_config(MODEL),
+        "grpc_config": grpc_client.get_model_config(MODEL, as_json=True),
+        "before": before,
+        "after": stats(),
+        "all_models": grpc_client.get_inference_statistics(as_json=True),
+        "http_unknown": error(lambda: http.get_model_config("nope")),
+        "grpc_unknown": error(lambda: grpc_client.get_inference_statistics("nope")),
+        "grpc_version": error(lambda: grpc_client.get_model_config(MODEL, model_version="2")),
+    }
+
+
+SCENARIOS = {"unary": unary, "stream": stream, "aio": aio, "cancel": cancel, "wire": wire,
+             "extensions": extensions}  # fmt: skip
 
 if __name__ == "__main__":
     scenario, grpc_address, http_address, raw = sys.argv[1:5]

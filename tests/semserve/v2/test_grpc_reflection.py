@@ -25,7 +25,7 @@ def test_the_file_describes_every_rpc_served() -> None:
     [service] = service_file().service
     assert [m.name for m in service.method] == [
         "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
-        "RepositoryModelLoad", "RepositoryModelUnload", "ModelStreamInfer",
+        "RepositoryModelLoad", "RepositoryModelUnload", "ModelStreamInfer", "ModelConfig", "ModelStatistics",
     ]  # fmt: skip
 
 

@@ -71,3 +71,65 @@ def test_a_model_version_is_refused_over_grpc_as_over_rest(cases: dict[str, Any]
     error = cases["grpc_version"].get("error", "")
     assert error.startswith("[StatusCode.INVALID_ARGUMENT]"), cases["grpc_version"]
     assert "Model versioning not supported" in error
+
+
+@pytest.fixture(scope="module", params=["predictor", "transformer"])
+def extensions(request: pytest.FixtureRequest) -> dict[str, Any]:
+    server: Predictor | Transformer = request.getfixturevalue(request.param)
+    prompt = f"{FRANCE} (extensions {request.param})"  # a prompt of its own: a miss, then a hit
+    done = subprocess.run(
+        [sys.executable, str(CLIENT), "extensions", server.grpc, server.http.removeprefix("http://"),
+         json.dumps({"prompt": prompt})],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"server": request.param, **json.loads(done.stdout)}
+
+
+def test_model_config_says_the_text_contract_as_triton_s_vllm_backend(extensions: dict[str, Any]) -> None:
+    http = extensions["http_config"]
+    # gRPC's JSON is protobuf's (64-bit dims as strings, defaults left out); the same config.
+    grpc = extensions["grpc_config"]["config"]
+    assert http["name"] == grpc["name"] == "llm"
+    assert http["backend"] == grpc["backend"] == ("vllm" if extensions["server"] == "predictor" else "python")
+    assert http["max_batch_size"] == 0 and "max_batch_size" not in grpc
+    assert http["model_transaction_policy"] == grpc["model_transaction_policy"] == {"decoupled": True}
+    inputs = {i["name"]: i for i in http["input"]}
+    assert inputs["text_input"] == {"name": "text_input", "data_type": "TYPE_STRING", "dims": [-1],
+                                    "optional": False}
+    assert inputs["stream"]["data_type"] == "TYPE_BOOL" and inputs["stream"]["optional"] is True
+    assert {i["name"] for i in grpc["input"]} == set(inputs)
+    outputs = {o["name"]: o["data_type"] for o in http["output"]}
+    assert outputs["text_output"] == "TYPE_STRING" and outputs["completion_tokens"] == "TYPE_INT32"
+    assert [o["name"] for o in grpc["output"]] == [o["name"] for o in http["output"]]
+
+
+def test_statistics_count_what_was_answered(extensions: dict[str, Any]) -> None:
+    def counts(when: str, protocol: str) -> dict[str, int]:
+        [stats] = extensions[when][protocol]["model_stats"]
+        assert stats["name"] == "llm"
+        inference = stats["inference_stats"]
+        return {"executions": int(stats["execution_count"]), "inferences": int(stats["inference_count"]),
+                "success": int(inference["success"].get("count", 0)),
+                "hits": int(inference.get("cache_hit", {}).get("count", 0)),
+                "misses": int(inference.get("cache_miss", {}).get("count", 0))}  # fmt: skip
+
+    for protocol in ("http", "grpc"):
+        before, after = counts("before", protocol), counts("after", protocol)
+        # The same prompt twice: two executions of one prompt each (on gRPC, read after HTTP's).
+        assert after["executions"] - before["executions"] == 2, (protocol, before, after)
+        assert after["inferences"] - before["inferences"] == 2 and after["success"] - before["success"] == 2
+        if extensions["server"] == "transformer":  # the first a miss, the second an exact hit
+            assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 1)
+        else:
+            assert after["hits"] == after["misses"] == 0
+    [stats] = extensions["after"]["http"]["model_stats"]
+    assert int(stats["last_inference"]) > 0 and int(stats["inference_stats"]["success"]["ns"]) > 0
+    assert "llm" in [m["name"] for m in extensions["all_models"]["model_stats"]]
+
+
+def test_extension_errors_name_the_model_or_the_version(extensions: dict[str, Any]) -> None:
+    assert extensions["http_unknown"].startswith("[404]") and "'nope' not found" in extensions["http_unknown"]
+    assert extensions["grpc_unknown"].startswith("[StatusCode.NOT_FOUND]"), extensions["grpc_unknown"]
+    assert extensions["grpc_version"].startswith("[StatusCode.INVALID_ARGUMENT]"), extensions["grpc_version"]
+    assert "model versioning is not supported" in extensions["grpc_version"]
