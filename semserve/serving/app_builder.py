@@ -60,7 +60,7 @@ def build_server(settings: ServerSettings, service: Service) -> SemserveModelSer
     def setup(app: FastAPI) -> None:
         register_openai_routes(app, service.openai, prefix=settings.openai_route_prefix)
         register_generate_routes(app, service.model)
-        register_triton_routes(app, service.model)
+        register_triton_routes(app, [service.model, *service.extra_models])  # type: ignore[list-item]
         if service.extra_routes is not None:
             service.extra_routes(app)
 

@@ -1,5 +1,6 @@
 """Where KServe's own behaviour is wrong for a pod that serves one model from start to exit: its
-readiness (always true) and its model repository extension (lets a client unload the model)."""
+readiness (always true), its model repository extension (lets a client unload the model), and its
+server metadata (it lists only that extension)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from pydantic import ValidationError
 from semserve.errors import BadRequest
 from semserve.serving.state import ServingState
 
+# Triton's extensions these services serve beside KServe's repository extension: binary tensors
+# and parameters (KServe's), the generate routes, model configuration and statistics (ours).
+SERVED_EXTENSIONS = ("binary_tensor_data", "parameters", "generate", "model_configuration", "statistics")
+
 
 class ReadinessDataPlane(DataPlane):
     """KServe's server readiness is always true; ours is false while draining or loading."""
@@ -32,6 +37,12 @@ class ReadinessDataPlane(DataPlane):
             if not await model.healthy():
                 return False
         return await super().ready()
+
+    def metadata(self) -> dict[str, Any]:
+        # KServe lists only its repository extension; these are Triton's names of the others served.
+        served = super().metadata()
+        served["extensions"] = [*served["extensions"], *SERVED_EXTENSIONS]
+        return served
 
     def decode_inference_request(self, body: Any, headers: Any, model_name: str) -> Any:
         # KServe's decoding of a client's body (the binary tensor extension above all) raises

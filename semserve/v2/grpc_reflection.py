@@ -1,8 +1,8 @@
 """gRPC server reflection (grpcurl, grpcui, Postman) describing the service as it is served: KServe's
 proto for the RPCs its servicer answers, with our messages where ours differ (InferParameter's
-double and uint64 params, the infer messages) and Triton's ModelStreamInfer, ModelConfig and
-ModelStatistics, which KServe's proto lacks. The descriptor lives in a pool of its own: its names
-(`inference.*`) are KServe's too, and both cannot share the default pool."""
+double and uint64 params, the infer messages) and Triton's ModelStreamInfer, ModelConfig,
+ModelStatistics and RepositoryIndex, which KServe's proto lacks. The descriptor lives in a pool of
+its own: its names (`inference.*`) are KServe's too, and both cannot share the default pool."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ _OURS, _SERVED = f".{pb.DESCRIPTOR.package}.", f".{kserve_pb.DESCRIPTOR.package}
 
 def service_file() -> descriptor_pb2.FileDescriptorProto:
     """The served service's file: KServe's, our messages in place of its own, ModelStreamInfer and
-    Triton's ModelConfig and ModelStatistics added."""
+    Triton's ModelConfig, ModelStatistics and RepositoryIndex added."""
     served = descriptor_pb2.FileDescriptorProto()
     kserve_pb.DESCRIPTOR.CopyToProto(served)
     ours = descriptor_pb2.FileDescriptorProto()
@@ -40,7 +40,7 @@ def service_file() -> descriptor_pb2.FileDescriptorProto:
         client_streaming=True,
         server_streaming=True,
     )
-    for name in ("ModelConfig", "ModelStatistics"):  # Triton's extensions
+    for name in ("ModelConfig", "ModelStatistics", "RepositoryIndex"):  # Triton's extensions
         service.method.add(name=name, input_type=f"{_SERVED}{name}Request",
                            output_type=f"{_SERVED}{name}Response")
     served.name = "semserve/grpc_inference_service.proto"

@@ -34,7 +34,7 @@ from semserve.logs import get_logger
 from semserve.v2 import grpc_tensors as tensors
 from semserve.v2 import inference_pb2 as pb
 from semserve.v2.requested_outputs import keep_outputs, requested_outputs
-from semserve.v2.triton_routes import TritonModel, served
+from semserve.v2.triton_routes import TritonModel, find, index
 
 log = get_logger("semserve.v2")
 
@@ -98,22 +98,23 @@ class InferenceService:
         return pb.ModelConfigResponse(config=(await model.config()).proto())
 
     async def model_statistics(self, message: pb.ModelStatisticsRequest, context: aio.ServicerContext) -> Any:
-        if message.name:
-            models = [self._triton_model(message.name, message.version)]
-        else:  # every model, as Triton answers an empty name
-            registry = self.dataplane.model_registry.get_models().values()
-            models = [m for m in registry if isinstance(m, TritonModel)]
+        # Every model for an empty name, as Triton answers it.
+        models = [self._triton_model(message.name, message.version)] if message.name else self._models()
         return pb.ModelStatisticsResponse(model_stats=[m.statistics.proto(m.name) for m in models])
+
+    async def repository_index(self, message: pb.RepositoryIndexRequest, context: aio.ServicerContext) -> Any:
+        return pb.RepositoryIndexResponse(models=[
+            pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index(self._models(), message.ready)
+        ])  # fmt: skip
+
+    def _models(self) -> list[TritonModel]:
+        return [m for m in self.dataplane.model_registry.get_models().values() if isinstance(m, TritonModel)]
 
     def _triton_model(self, name: str, version: str) -> TritonModel:
         try:
-            model = self.dataplane.get_model_from_registry(name)
-            if not isinstance(model, TritonModel):
-                raise ModelNotFound(name)
-            served(model, name, version)
-        except (ModelNotFound, ServingError) as exc:
+            return find(self._models(), name, version)
+        except ServingError as exc:
             raise GrpcException(error_text(exc), codes_of(exc).grpc_status()) from None  # type: ignore[arg-type]
-        return model
 
     async def model_stream_infer(
         self, messages: AsyncIterator[pb.ModelInferRequest], context: aio.ServicerContext
@@ -207,7 +208,8 @@ def generic_handler(dataplane: DataPlane, kserve_servicer: InferenceServicer) ->
         request_deserializer=pb.ModelInferRequest.FromString,
         response_serializer=pb.ModelInferResponse.SerializeToString,
     )
-    for name, method in (("ModelConfig", ours.model_config), ("ModelStatistics", ours.model_statistics)):
+    for name, method in (("ModelConfig", ours.model_config), ("ModelStatistics", ours.model_statistics),
+                         ("RepositoryIndex", ours.repository_index)):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             method,
             request_deserializer=getattr(pb, f"{name}Request").FromString,

@@ -290,6 +290,10 @@ def extensions(grpc_address: str, http_address: str, args: dict[str, Any]) -> di
     ask()
     ask()
     return {
+        "http_server": http.get_server_metadata(),
+        "grpc_server": grpc_client.get_server_metadata(as_json=True),
+        "http_index": http.get_model_repository_index(),
+        "grpc_index": grpc_client.get_model_repository_index(as_json=True),
         "http_config": http.get_model_config(MODEL),
         "grpc_config": grpc_client.get_model_config(MODEL, as_json=True),
         "before": before,

@@ -26,6 +26,7 @@ def test_the_file_describes_every_rpc_served() -> None:
     assert [m.name for m in service.method] == [
         "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
         "RepositoryModelLoad", "RepositoryModelUnload", "ModelStreamInfer", "ModelConfig", "ModelStatistics",
+        "RepositoryIndex",
     ]  # fmt: skip
 
 

@@ -86,6 +86,19 @@ def extensions(request: pytest.FixtureRequest) -> dict[str, Any]:
     return {"server": request.param, **json.loads(done.stdout)}
 
 
+def test_server_metadata_lists_the_extensions(extensions: dict[str, Any]) -> None:
+    for server in (extensions["http_server"], extensions["grpc_server"]):
+        served = set(server["extensions"])
+        assert {"model_configuration", "statistics", "generate", "binary_tensor_data"} <= served
+
+
+def test_the_repository_index_has_the_model_ready(extensions: dict[str, Any]) -> None:
+    ready = {"name": "llm", "version": "", "state": "READY", "reason": ""}
+    assert ready in extensions["http_index"]
+    # gRPC's JSON leaves out empty strings.
+    assert {"name": "llm", "state": "READY"} in extensions["grpc_index"]["models"]
+
+
 def test_model_config_says_the_text_contract_as_triton_s_vllm_backend(extensions: dict[str, Any]) -> None:
     http = extensions["http_config"]
     # gRPC's JSON is protobuf's (64-bit dims as strings, defaults left out); the same config.
