@@ -2,7 +2,8 @@
 `GET /v2/models/{name}/stats` and the `ModelStatistics` RPC report it (tritonclient's
 `get_inference_statistics`).
 
-Each request is one execution; its prompts are its inferences. A request's whole time counts as
+Each v2 request (infer, generate, ModelInfer, ModelStreamInfer) is one execution; its prompts are
+its inferences (OpenAI requests are counted in the Prometheus metrics only). A request's whole time counts as
 `success` (or `fail`) and as `compute_infer`: these models have no queue, input or output phases
 apart from answering (the transformer's fair queue is inside its answer). On the transformer,
 `cache_hit` counts the prompts the cache answered (exact or semantic) with the time of the requests

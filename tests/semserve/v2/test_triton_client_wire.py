@@ -19,16 +19,19 @@ from tests.conftest import FRANCE, Predictor, Transformer
 CLIENT = Path(__file__).resolve().parents[2] / "clients" / "triton_check.py"
 
 
-@pytest.fixture(scope="module", params=["predictor", "transformer"])
-def cases(request: pytest.FixtureRequest) -> dict[str, Any]:
-    server: Predictor | Transformer = request.getfixturevalue(request.param)
+def run_client(scenario: str, server: Predictor | Transformer, prompt: str) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(CLIENT), "wire", server.grpc, server.http.removeprefix("http://"),
-         json.dumps({"prompt": FRANCE})],
+        [sys.executable, str(CLIENT), scenario, server.grpc, server.http.removeprefix("http://"),
+         json.dumps({"prompt": prompt})],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module", params=["predictor", "transformer"])
+def cases(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return run_client("wire", request.getfixturevalue(request.param), FRANCE)
 
 
 def outputs(cases: dict[str, Any], name: str) -> dict[str, list[Any]]:
@@ -75,15 +78,9 @@ def test_a_model_version_is_refused_over_grpc_as_over_rest(cases: dict[str, Any]
 
 @pytest.fixture(scope="module", params=["predictor", "transformer"])
 def extensions(request: pytest.FixtureRequest) -> dict[str, Any]:
-    server: Predictor | Transformer = request.getfixturevalue(request.param)
     prompt = f"{FRANCE} (extensions {request.param})"  # a prompt of its own: a miss, then a hit
-    done = subprocess.run(
-        [sys.executable, str(CLIENT), "extensions", server.grpc, server.http.removeprefix("http://"),
-         json.dumps({"prompt": prompt})],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {"server": request.param, **json.loads(done.stdout)}
+    found = run_client("extensions", request.getfixturevalue(request.param), prompt)
+    return {"server": request.param, **found}
 
 
 def test_server_metadata_lists_the_extensions(extensions: dict[str, Any]) -> None:
