@@ -32,15 +32,35 @@ class Predictor:
         return f"{self.http}/openai/v1"
 
 
+def _needs_predictor(item: pytest.Item) -> bool:
+    return "predictor" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests that need no shared predictor run first, while it starts (pytest_collection_finish):
+    # its first start compiles for minutes, and those tests leave a core free most of the time.
     # Tests that kill and restart the shared predictor run after everything else that uses it, and
     # those that stop it for good run last.
     def order(item: pytest.Item) -> int:
         if item.get_closest_marker("stops_predictor"):
+            return 3
+        if item.get_closest_marker("restarts_predictor"):
             return 2
-        return 1 if item.get_closest_marker("restarts_predictor") else 0
+        return 1 if _needs_predictor(item) else 0
 
     items.sort(key=order)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly or _running_predictor() is not None:
+        return
+    if any(_needs_predictor(item) for item in session.items):
+        _SUITE.launch()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # A launch no test came to use (all of them deselected or failed early) is stopped here too.
+    _SUITE.stop()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,37 +89,56 @@ def _running_predictor() -> Predictor | None:
     return Predictor(http, grpc, proc)
 
 
+class _SuitePredictor:
+    """The shared predictor's process, launched once collection shows a test needs it."""
+
+    def __init__(self) -> None:
+        self.shared: Predictor | None = None
+
+    def launch(self) -> Predictor:
+        if self.shared is None:
+            http_port, grpc_port = free_port(), free_port()
+            proc = ServerProcess(
+                [
+                    "predictor",
+                    "--http-port", str(http_port),
+                    "--grpc-port", str(grpc_port),
+                    "--max-body-bytes", str(256 * 1024),
+                    "--grace-period-s", "60",
+                    # Spans kept in process and readable at /debug/spans (tests/semserve/test_tracing.py).
+                    # Ratio 0: only requests whose caller sampled a trace record, so other tests pay nothing.
+                    "--trace-exporter", "memory", "--trace-sample-ratio", "0",
+                    # Reported with every answer (tests/predictors/test_model_revision.py); transformers
+                    # without a --model-revision of their own cache it as before.
+                    "--model-revision", PREDICTOR_REVISION,
+                ],
+                LOG_DIR / "predictor.log",
+            ).start()
+            self.shared = Predictor(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", proc)
+        return self.shared
+
+    def stop(self) -> None:
+        # The process of now: a restarts_predictor test may have replaced the first one.
+        if self.shared is not None:
+            self.shared.process.stop()
+            self.shared = None
+
+
+_SUITE = _SuitePredictor()
+
+
 @pytest.fixture(scope="session")
 def predictor() -> Iterator[Predictor]:
     running = _running_predictor()
     if running is not None:
         yield running
         return
-    http_port, grpc_port = free_port(), free_port()
-    proc = ServerProcess(
-        [
-            "predictor",
-            "--http-port", str(http_port),
-            "--grpc-port", str(grpc_port),
-            "--max-body-bytes", str(256 * 1024),
-            "--grace-period-s", "60",
-            # Spans kept in process and readable at /debug/spans (tests/semserve/test_tracing.py). Ratio 0:
-            # only requests whose caller sampled a trace record, so other tests pay nothing.
-            "--trace-exporter", "memory", "--trace-sample-ratio", "0",
-            # Reported with every answer (tests/predictors/test_model_revision.py); transformers without a
-            # --model-revision of their own cache it as before.
-            "--model-revision", PREDICTOR_REVISION,
-        ],
-        LOG_DIR / "predictor.log",
-    ).start()
-    url = f"http://127.0.0.1:{http_port}"
-    shared = Predictor(url, f"127.0.0.1:{grpc_port}", proc)
+    shared = _SUITE.launch()
     try:
-        proc.wait_until(http_ready(f"{url}/v2/health/ready"), 600, "predictor")
+        shared.process.wait_until(http_ready(f"{shared.http}/v2/health/ready"), 600, "predictor")
         yield shared
     finally:
-        # The process of now: a restarts_predictor test may have replaced the first one.
-        shared.process.stop()
+        _SUITE.stop()
 
 
 @dataclass
