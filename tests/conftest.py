@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,31 +91,54 @@ def _running_predictor() -> Predictor | None:
 
 
 class _SuitePredictor:
-    """The shared predictor's process, launched once collection shows a test needs it."""
+    """The shared predictor's process, launched once collection shows a test needs it, and a thread
+    that polls its readiness twice a second from then on (tests/semserve/test_quiet_logs.py reads
+    the 503s those polls get while the engine loads)."""
 
     def __init__(self) -> None:
         self.shared: Predictor | None = None
+        self._ready: threading.Thread | None = None
+        self._failure: BaseException | None = None
 
-    def launch(self) -> Predictor:
-        if self.shared is None:
-            http_port, grpc_port = free_port(), free_port()
-            proc = ServerProcess(
-                [
-                    "predictor",
-                    "--http-port", str(http_port),
-                    "--grpc-port", str(grpc_port),
-                    "--max-body-bytes", str(256 * 1024),
-                    "--grace-period-s", "60",
-                    # Spans kept in process and readable at /debug/spans (tests/semserve/test_tracing.py).
-                    # Ratio 0: only requests whose caller sampled a trace record, so other tests pay nothing.
-                    "--trace-exporter", "memory", "--trace-sample-ratio", "0",
-                    # Reported with every answer (tests/predictors/test_model_revision.py); transformers
-                    # without a --model-revision of their own cache it as before.
-                    "--model-revision", PREDICTOR_REVISION,
-                ],
-                LOG_DIR / "predictor.log",
-            ).start()
-            self.shared = Predictor(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", proc)
+    def launch(self) -> None:
+        if self.shared is not None:
+            return
+        http_port, grpc_port = free_port(), free_port()
+        proc = ServerProcess(
+            [
+                "predictor",
+                "--http-port", str(http_port),
+                "--grpc-port", str(grpc_port),
+                "--max-body-bytes", str(256 * 1024),
+                "--grace-period-s", "60",
+                # Spans kept in process and readable at /debug/spans (tests/semserve/test_tracing.py).
+                # Ratio 0: only requests whose caller sampled a trace record, so other tests pay nothing.
+                "--trace-exporter", "memory", "--trace-sample-ratio", "0",
+                # Reported with every answer (tests/predictors/test_model_revision.py); transformers
+                # without a --model-revision of their own cache it as before.
+                "--model-revision", PREDICTOR_REVISION,
+            ],
+            LOG_DIR / "predictor.log",
+        ).start()
+        self.shared = Predictor(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", proc)
+        self._ready = threading.Thread(target=self._wait_ready, name="suite-predictor-ready", daemon=True)
+        self._ready.start()
+
+    def _wait_ready(self) -> None:
+        assert self.shared is not None
+        try:
+            # From the launch: the first start compiles, beside the tests that run meanwhile.
+            self.shared.process.wait_until(http_ready(f"{self.shared.http}/v2/health/ready"), 900,
+                                           "predictor")  # fmt: skip
+        except BaseException as exc:  # raised in the test that asks for the predictor
+            self._failure = exc
+
+    def ready(self) -> Predictor:
+        self.launch()
+        assert self.shared is not None and self._ready is not None
+        self._ready.join()
+        if self._failure is not None:
+            raise self._failure
         return self.shared
 
     def stop(self) -> None:
@@ -133,10 +157,8 @@ def predictor() -> Iterator[Predictor]:
     if running is not None:
         yield running
         return
-    shared = _SUITE.launch()
     try:
-        shared.process.wait_until(http_ready(f"{shared.http}/v2/health/ready"), 600, "predictor")
-        yield shared
+        yield _SUITE.ready()
     finally:
         _SUITE.stop()
 
