@@ -82,13 +82,13 @@ class UsageReport:
         return usage(prompt_tokens, completion_tokens) if self.continuous else None
 
 
-class _Encodable(BaseModel):
+class EncodableRequest(BaseModel):
     """A request the services can write out again as JSON (to the predictor, to logs): JSON may carry
     lone surrogates (a "\\ud800" escape) anywhere, in unknown fields and free-form objects too, which UTF-8
     cannot encode; such a request is a 400 here rather than a failure when it is sent on."""
 
     @model_validator(mode="after")
-    def _writable_as_json(self) -> _Encodable:
+    def _writable_as_json(self) -> EncodableRequest:
         try:
             self.model_dump_json()
         except ValueError as exc:  # UnicodeEncodeError, PydanticSerializationError
@@ -159,7 +159,7 @@ def structured_of(response_format: dict[str, Any] | None) -> dict[str, Any] | No
                      "response_format")
 
 
-class _SamplingFields(_Encodable):
+class _SamplingFields(EncodableRequest):
     # Unknown fields are accepted and ignored, as OpenAI-compatible servers do; fields we know but
     # cannot honour are rejected in `unsupported()` so nothing is silently dropped.
     model_config = ConfigDict(extra="allow")
@@ -375,7 +375,7 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class ChatPrompt(_Encodable):
+class ChatPrompt(EncodableRequest):
     """What shapes a chat prompt: the messages and the fields that the model's chat template takes.
     The OpenAI chat route reads it from the request; v2 clients send it as the JSON of the `chat`
     input (semserve/v2/text_contract.py), so that the predictor applies the chat template either way."""

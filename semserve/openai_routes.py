@@ -1,7 +1,9 @@
 """OpenAI-compatible HTTP routes added to a KServe app, over a backend each service provides.
 
 The routes own the wire: JSON parsing, validation into request models, error bodies, SSE framing
-(`data: {...}` per chunk, then `data: [DONE]`). The backend owns what an answer is.
+(`data: {...}` per chunk, then `data: [DONE]`; the Responses API's named events, `Framing`). The
+backend owns what an answer is: completions and chats (a response is the chat it means,
+semserve/openai_responses.py).
 
 A backend whose streams may wait long for their first chunk (KeepsStreamsAlive: the transformer
 holding a miss while its predictor starts) has its stream's response started once that wait passes
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -41,6 +43,7 @@ from semserve.openai_protocol import (
     error_body,
     validation_error,
 )
+from semserve.openai_responses import ResponseEvents, ResponseShape, ResponsesRequest, response_of
 
 log = get_logger("semserve.openai")
 
@@ -56,6 +59,8 @@ class OpenAIHttpCall:
 
     request_id: str
     headers: dict[str, str]
+    # The path asked (a response's chat reaches the backend from /v1/responses).
+    path: str = ""
     # Headers the backend wants on the response (e.g. the transformer's x-semserve-cache).
     response_headers: dict[str, str] = field(default_factory=dict)
 
@@ -110,11 +115,42 @@ async def _sse(stream: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
+@dataclass(frozen=True)
+class Framing:
+    """How a route writes the backend's answer: a whole one as one JSON object, a stream as the
+    bytes of its SSE events (its failure included, as the API ends such a stream)."""
+
+    whole: Callable[[Any], BaseModel]
+    stream: Callable[[AsyncIterator[Any]], AsyncIterator[bytes]]
+
+
+# Completions and chat completions: the backend's objects as they are, `data:` events, `[DONE]`.
+AS_IS = Framing(whole=lambda answer: answer, stream=_sse)
+
+
+def responses_framing(req: ResponsesRequest) -> Framing:
+    """The Responses API: the chat answer as a response object, its chunks as named events."""
+    shape = ResponseShape(req)
+
+    async def events(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        async for event in ResponseEvents(shape).events(chunks):
+            yield f"event: {event.type}\ndata: {_dump(event)}\n\n".encode()
+
+    return Framing(whole=lambda chat: response_of(shape, chat), stream=events)
+
+
 async def _one(chunk: BaseModel) -> AsyncIterator[BaseModel]:
     yield chunk
 
 
-async def _sse_once_answered(pending: asyncio.Future[Any], interval_s: float) -> AsyncIterator[bytes]:
+async def _raising(exc: ServingError) -> AsyncIterator[BaseModel]:
+    raise exc
+    yield  # an async generator that fails at its first item
+
+
+async def _sse_once_answered(
+    pending: asyncio.Future[Any], interval_s: float, framing: Framing
+) -> AsyncIterator[bytes]:
     """A stream whose backend has not answered yet: a comment every `interval_s` until it does, then
     its chunks (or its error as the final event); leaving early cancels the backend's call."""
     result: Any = None
@@ -127,11 +163,11 @@ async def _sse_once_answered(pending: asyncio.Future[Any], interval_s: float) ->
         try:
             result = pending.result()
         except ServingError as exc:
-            yield f"data: {json.dumps(_error_content(exc))}\n\n".encode()
-            yield b"data: [DONE]\n\n"
+            async for part in framing.stream(_raising(exc)):
+                yield part
             return
         stream, result = (_one(result) if isinstance(result, BaseModel) else result), None
-        async for part in _sse(stream):
+        async for part in framing.stream(stream):
             yield part
     finally:
         if not pending.done():
@@ -195,21 +231,24 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
 
     def context(request: Request) -> OpenAIHttpCall:
         rid = request_id_var.get() or request.headers.get("x-request-id") or ""
-        return OpenAIHttpCall(request_id=rid, headers=dict(request.headers))
+        return OpenAIHttpCall(request_id=rid, headers=dict(request.headers), path=request.url.path)
 
-    def respond(result: Any, ctx: OpenAIHttpCall) -> Response:
+    def respond(result: Any, ctx: OpenAIHttpCall, framing: Framing) -> Response:
         if isinstance(result, BaseModel):
-            return Response(_dump(result), media_type="application/json", headers=ctx.response_headers)
+            whole = framing.whole(result)
+            return Response(_dump(whole), media_type="application/json", headers=ctx.response_headers)
         return StreamingResponse(
-            _sse(result),
+            framing.stream(result),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", **ctx.response_headers},
         )
 
-    async def answer(call: Awaitable[Any], stream: bool, ctx: OpenAIHttpCall) -> Response:
+    async def answer(
+        call: Awaitable[Any], stream: bool, ctx: OpenAIHttpCall, framing: Framing = AS_IS
+    ) -> Response:
         """The backend's answer; a stream whose answer takes over `keepalive_s` starts with comments."""
         if not stream or not keepalive_s:
-            return respond(await call, ctx)
+            return respond(await call, ctx, framing)
         pending = asyncio.ensure_future(call)
         try:
             done, _ = await asyncio.wait({pending}, timeout=keepalive_s)
@@ -217,9 +256,9 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
             pending.cancel()
             raise
         if done:
-            return respond(pending.result(), ctx)
+            return respond(pending.result(), ctx, framing)
         return StreamingResponse(
-            _sse_once_answered(pending, keepalive_s),
+            _sse_once_answered(pending, keepalive_s, framing),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", **ctx.response_headers},
         )
@@ -253,6 +292,17 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
         except ServingError as exc:
             return error_response(exc, ctx.response_headers)
 
+    async def responses(request: Request) -> Response:
+        # The chat the request means, answered as any chat (semserve/openai_responses.py).
+        ctx = context(request)
+        try:
+            req = await _parse(request, ResponsesRequest)
+            req.unsupported()
+            chat = req.chat_request()
+            return await answer(backend.chat_completions(chat, ctx), req.stream, ctx, responses_framing(req))
+        except ServingError as exc:
+            return error_response(exc, ctx.response_headers)
+
     served = [card.id for card in backend.models()]
     # Before our own routes and KServe's: `/v1/models` is KServe's v1 model list, which an OpenAI
     # client pointed at .../v1 would read as an empty list.
@@ -274,6 +324,10 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
             f"{base}/v1/chat/completions", chat_completions, methods=["POST"], tags=["openai"],
             openapi_extra=body_openapi(ChatCompletionRequest, served), include_in_schema=documented,
         )
+        app.add_api_route(
+            f"{base}/v1/responses", responses, methods=["POST"], tags=["openai"],
+            openapi_extra=body_openapi(ResponsesRequest, served), include_in_schema=documented,
+        )
 
 
 def served_prefixes(prefix: str) -> list[str]:
@@ -285,7 +339,9 @@ def served_prefixes(prefix: str) -> list[str]:
 
 # The OpenAI paths a client reaches with a habitual base URL: vLLM's (`/v1`), KServe's default
 # (`/openai/v1`), and a base URL that forgot `/v1`.
-_OPENAI_PATHS = (("/models", "GET"), ("/completions", "POST"), ("/chat/completions", "POST"))
+_OPENAI_PATHS = (
+    ("/models", "GET"), ("/completions", "POST"), ("/chat/completions", "POST"), ("/responses", "POST"),
+)
 _HABITUAL_PREFIXES = ("", ROUTE_PREFIX)
 
 

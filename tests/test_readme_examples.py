@@ -35,10 +35,10 @@ def _command(lang: str, body: str) -> list[str]:
 def test_the_readme_has_the_examples_this_test_runs() -> None:
     kinds = [("curl" if lang == "bash" else "tritonclient" if "tritonclient" in body else "openai")
              for lang, body in examples()]
-    assert sorted(kinds) == ["curl", "curl", "openai", "openai", "tritonclient"]
+    assert sorted(kinds) == ["curl", "curl", "openai", "openai", "openai", "tritonclient"]
 
 
-@pytest.mark.parametrize("index", range(5))
+@pytest.mark.parametrize("index", range(6))
 def test_readme_example_prints_a_sensible_answer(
     index: int, predictor: Predictor, transformer: Transformer
 ) -> None:

@@ -43,7 +43,7 @@ from transformers_svc.request_context import (
     status_of,
 )
 
-# The routes as the request log names them.
+# The routes as the request log names them when the call does not say its path.
 CHAT_ROUTE = "/openai/v1/chat/completions"
 COMPLETIONS_ROUTE = "/openai/v1/completions"
 
@@ -136,7 +136,7 @@ class TransformerOpenAI:
     def _request(
         self, http: openai_routes.OpenAIHttpCall, body: BaseModel, model: str, route: str, prompts: list[str]
     ) -> _Request:
-        ctx = openai_context(http, model=model, default_tenant=self.settings.tenant, route=route)
+        ctx = openai_context(http, model=model, default_tenant=self.settings.tenant, route=http.path or route)
         return _Request(ctx, http, body, prompts)
 
     async def _check(self, r: _Request, model: str) -> None:

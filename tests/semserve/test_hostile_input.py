@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from semserve import v2
 from semserve.errors import BadRequest
 from semserve.openai_protocol import ChatCompletionRequest, CompletionRequest, validation_error
+from semserve.openai_responses import ResponsesRequest
 from semserve.sampling import parse_sampling
 from tests.conftest import Predictor, Transformer, start_transformer
 
@@ -374,6 +375,65 @@ def test_chat_request_model_total(body: Any) -> None:
 @example({"model": "llm", "prompt": "Say hi.", "max_completion_tokens": {"\ud800": None}})
 def test_completion_request_model_total(body: Any) -> None:
     _validate_openai(CompletionRequest, body)
+
+
+RESPONSE_ITEM = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "developer", "tool"]) | JSON},
+    optional={"type": st.sampled_from(["message", "function_call", "function_call_output", "input_image"]),
+              "content": TEXT | st.lists(st.fixed_dictionaries(
+                  {"type": st.sampled_from(["input_text", "output_text", "input_image"]), "text": TEXT}),
+                  max_size=2) | JSON,
+              "call_id": TEXT, "name": TEXT, "arguments": TEXT | JSON, "output": TEXT | JSON},
+)  # fmt: skip
+
+
+@st.composite
+def responses_body(draw: st.DrawFn) -> Any:
+    if draw(st.integers(0, 9)) == 0:
+        return draw(JSON)
+    items = st.lists(RESPONSE_ITEM, max_size=3)
+    body: dict[str, Any] = {"model": draw(st.sampled_from(["llm", "other"]) | JSON),
+                            "input": draw(TEXT | st.just("Say hi.") | items | JSON)}
+    body.update(draw(sampling_params()))
+    function = st.fixed_dictionaries({"type": st.sampled_from(["function", "web_search"]),
+                                      "name": st.sampled_from(["f", "bad name"])},
+                                     optional={"parameters": JSON})  # fmt: skip
+    optional = {
+        "instructions": TEXT | JSON, "max_output_tokens": st.integers(-1, 2) | JSON,
+        "stream": st.booleans(), "tools": st.lists(function, max_size=2) | JSON,
+        "text": st.fixed_dictionaries({"format": JSON}) | JSON,
+        "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "name": "f"}])
+        | JSON,
+        "previous_response_id": TEXT | JSON, "include": JSON, "reasoning": JSON, "truncation": JSON,
+        "metadata": JSON, "n": JSON, "store": JSON,
+    }  # fmt: skip
+    for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True, max_size=4)):
+        body[key] = draw(optional[key])
+    return body
+
+
+@PURE
+@given(body=responses_body())
+@example({"model": "llm", "input": [{"role": "user", "content": "\ud800"}]})
+@example({"model": "llm", "input": [{"type": "function_call_output", "call_id": "c", "output": "a\x00"}]})
+def test_responses_request_model_total(body: Any) -> None:
+    # Parsed, checked and turned into its chat: a BadRequest (400) or a chat, nothing else.
+    if not isinstance(body, dict):
+        return
+    try:
+        req = ResponsesRequest.model_validate(body)
+    except ValidationError as exc:
+        err = validation_error(exc)
+        assert isinstance(err, BadRequest) and err.message
+        return
+    try:
+        req.unsupported()
+        chat = req.chat_request()
+        chat.sampling(128)
+        _check_parsed_texts([m["content"] for m in chat.prompt().plain_messages()])
+        json.dumps(chat.model_dump(exclude_none=True, mode="json"))
+    except BadRequest:
+        pass
 
 
 # -- against the real servers ------------------------------------------------------------------------

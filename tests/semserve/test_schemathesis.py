@@ -150,12 +150,15 @@ def _tokens(value: Any) -> float | None:
 def _cap_generation(case: schemathesis.Case) -> None:
     """Keep any completion the case may start at MAX_TOKENS (see MAX_TOKENS). Only counts above the
     cap change, so invalid counts (0, -1, "x", true) still reach the server as generated."""
-    if not case.path.endswith("completions") or not isinstance(case.body, dict):
+    if not case.path.endswith(("completions", "responses")) or not isinstance(case.body, dict):
         return
     body = case.body
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-        body["max_tokens"] = MAX_TOKENS
-    for key in ("max_tokens", "max_completion_tokens"):
+    # A response's count is max_output_tokens (max_tokens there is refused, costing nothing).
+    responses = case.path.endswith("responses")
+    keys = ("max_output_tokens",) if responses else ("max_tokens", "max_completion_tokens")
+    if all(body.get(key) is None for key in keys):
+        body[keys[0]] = MAX_TOKENS
+    for key in keys:
         n = _tokens(body.get(key))
         if n is not None and (math.isinf(n) or n > MAX_TOKENS):
             body[key] = MAX_TOKENS
