@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 	@echo "==> [2/4] installing semserve[$(EXTRAS)] (vLLM CPU, torch 2.13 CPU, KServe 0.21)"
 	@$(PIP) install --progress-bar on -q --upgrade pip uv
 	@# uv, from pip's own sources (semserve/tooling/uv_install_args.py): seconds where pip takes
-	@# minutes. pip installs instead if uv fails.
-	@$(UV) pip install -p $(PY) $$($(PY) semserve/tooling/uv_install_args.py) -e '.[$(EXTRAS)]' \
+	@# minutes. Bytecode compiled now, as pip does: with PYTHONDONTWRITEBYTECODE set (as on this
+	@# machine) every process would compile torch and vLLM again. pip installs instead if uv fails.
+	@$(UV) pip install -p $(PY) --compile-bytecode $$($(PY) semserve/tooling/uv_install_args.py) \
+	  -e '.[$(EXTRAS)]' \
 	  || { echo "==> uv failed: installing with pip"; $(PIP) install --progress-bar on -e '.[$(EXTRAS)]'; }
 	@echo "==> [3/4] removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)"
 	@$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true

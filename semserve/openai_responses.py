@@ -29,7 +29,7 @@ from semserve.openai_protocol import (
     EncodableRequest,
     validation_error,
 )
-from semserve.openai_tools import CalledFunction, ToolCallMessage
+from semserve.openai_tools import CalledFunction, FunctionSpec, ToolCallMessage
 from semserve.responses_wire import (
     IncompleteDetails,
     InputTokensDetails,
@@ -52,14 +52,13 @@ from semserve.responses_wire import (
     ResponseUsage,
 )
 
-_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 _TEXT_PARTS = ("input_text", "output_text")
 _ITEMS = ("message", "function_call", "function_call_output")
 # Chat fields with a Responses field of their own (or none: one response has one answer).
 _CHAT_ONLY = ("messages", "n", "max_tokens", "max_completion_tokens", "response_format", "logprobs")
 
 
-class TextPart(BaseModel):
+class InputTextPart(BaseModel):
     model_config = ConfigDict(extra="allow")  # output_text's annotations and logprobs, unread
 
     type: Literal["input_text", "output_text"]
@@ -76,7 +75,7 @@ def _text_parts_only(value: Any) -> Any:
     return value
 
 
-def _text(content: str | list[TextPart]) -> str:
+def _text(content: str | list[InputTextPart]) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
@@ -85,7 +84,7 @@ class MessageItem(BaseModel):
 
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[InputTextPart]
 
     _parts = field_validator("content", mode="before")(_text_parts_only)
 
@@ -108,7 +107,7 @@ class FunctionCallOutputItem(BaseModel):
 
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[TextPart]
+    output: str | list[InputTextPart]
 
     _parts = field_validator("output", mode="before")(_text_parts_only)
 
@@ -117,14 +116,10 @@ InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, F
 _INPUT_ITEM: TypeAdapter[Any] = TypeAdapter(InputItem)
 
 
-class FunctionTool(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FunctionTool(FunctionSpec):
+    """A function the model may call: the chat's function, its type beside it rather than above."""
 
     type: Literal["function"]
-    name: str = Field(pattern=_NAME)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
 
 
 class FunctionChoice(BaseModel):

@@ -303,6 +303,12 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
         except ServingError as exc:
             return error_response(exc, ctx.response_headers)
 
+    async def stored_response(response_id: str) -> Response:
+        # The openai client's retrieve, delete, cancel and input_items: nothing is ever stored.
+        message = (f"response {response_id!r} not found: this server stores no responses "
+                   "(send the whole conversation in input)")  # fmt: skip
+        return error_response(NotFound(message, "response_id"))
+
     served = [card.id for card in backend.models()]
     # Before our own routes and KServe's: `/v1/models` is KServe's v1 model list, which an OpenAI
     # client pointed at .../v1 would read as an empty list.
@@ -328,6 +334,9 @@ def register_openai_routes(app: FastAPI, backend: OpenAIBackend, prefix: str = R
             f"{base}/v1/responses", responses, methods=["POST"], tags=["openai"],
             openapi_extra=body_openapi(ResponsesRequest, served), include_in_schema=documented,
         )
+        for tail, methods in (("", ["GET", "DELETE"]), ("/cancel", ["POST"]), ("/input_items", ["GET"])):
+            app.add_api_route(f"{base}/v1/responses/{{response_id}}{tail}", stored_response, methods=methods,
+                              include_in_schema=False)  # fmt: skip
 
 
 def served_prefixes(prefix: str) -> list[str]:

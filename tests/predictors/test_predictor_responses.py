@@ -120,3 +120,11 @@ def test_the_document_lists_the_route(predictor: Predictor) -> None:
     paths = httpx.get(f"{predictor.http}/openapi.json", timeout=30).json()["paths"]
     body = paths["/openai/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert {"model", "input", "instructions", "max_output_tokens", "tools", "text"} <= set(body["properties"])
+
+
+def test_a_stored_response_is_not_found_and_says_why(client: openai.OpenAI) -> None:
+    # Nothing is stored, so the client's retrieve and delete find nothing, with the reason.
+    for call in (lambda: client.responses.retrieve("resp_1"), lambda: client.responses.delete("resp_1")):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert "stores no responses" in caught.value.message

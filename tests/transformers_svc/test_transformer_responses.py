@@ -64,7 +64,9 @@ def test_a_forced_call_is_cached_and_made_again(transformer: Transformer, predic
     assert (same.name, same.arguments) == (call.name, call.arguments) and same.call_id != call.call_id
 
 
-def test_what_needs_a_store_is_a_400_through_the_transformer(transformer: Transformer) -> None:
+def test_what_needs_a_store_is_a_400_or_404_through_the_transformer(transformer: Transformer) -> None:
     body = {"model": "llm", "input": "Hi", "previous_response_id": "resp_1"}
     r = httpx.post(f"{transformer.openai_base}/responses", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id", r.text
+    stored = httpx.get(f"{transformer.openai_base}/responses/resp_1", timeout=60)
+    assert stored.status_code == 404 and "stores no responses" in stored.json()["error"]["message"]
