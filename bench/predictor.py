@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from semserve import model_prep
+from semserve.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -51,11 +52,7 @@ class LevelResult:
 
 
 def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 def _percentile(values: list[float], q: float) -> float:

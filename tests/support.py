@@ -13,13 +13,9 @@ from pathlib import Path
 
 import httpx
 
+from semserve.ports import free_port as free_port  # the tests take it from here
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerProcess:

@@ -25,6 +25,7 @@ from typing import Self
 
 from semserve import lifeline, logs
 from semserve.logs import get_logger
+from semserve.ports import free_port as free_port  # where cache_eval and the benches take it
 
 log = get_logger("semserve.tooling.local_redis")
 
@@ -82,12 +83,6 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:
