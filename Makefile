@@ -12,7 +12,12 @@ MODEL_STAMP := .cache/models/SmolLM2-135M-Instruct/semserve-manifest.json
 EXTRAS ?= cpu,transformer,export,local,dev,bench
 PYTEST_ARGS ?=
 
-.PHONY: setup model run test lint bench clean prometheus-tools nginx
+# Bytecode is written as modules are first imported, not compiled for the whole venv at install
+# (30,000 files, 75 s here, where a test run imports about 7,000). This machine sets
+# PYTHONDONTWRITEBYTECODE=1; left set, every process would compile torch and vLLM again.
+unexport PYTHONDONTWRITEBYTECODE
+
+.PHONY: setup model run test lint bench clean system-tools prometheus-tools nginx
 
 setup: $(STAMP)
 
@@ -22,9 +27,8 @@ $(STAMP): pyproject.toml
 	@echo "==> [2/4] installing semserve[$(EXTRAS)] (vLLM CPU, torch 2.13 CPU, KServe 0.21)"
 	@$(PIP) install --progress-bar on -q --upgrade pip uv
 	@# uv, from pip's own sources (semserve/tooling/uv_install_args.py): seconds where pip takes
-	@# minutes. Bytecode compiled now, as pip does: with PYTHONDONTWRITEBYTECODE set (as on this
-	@# machine) every process would compile torch and vLLM again. pip installs instead if uv fails.
-	@$(UV) pip install -p $(PY) --compile-bytecode $$($(PY) semserve/tooling/uv_install_args.py) \
+	@# minutes. pip installs instead if uv fails.
+	@$(UV) pip install -p $(PY) $$($(PY) semserve/tooling/uv_install_args.py) \
 	  -e '.[$(EXTRAS)]' \
 	  || { echo "==> uv failed: installing with pip"; $(PIP) install --progress-bar on -e '.[$(EXTRAS)]'; }
 	@echo "==> [3/4] removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)"
@@ -47,26 +51,33 @@ run: model
 	@if [ "$(TRANSFORMERS)" -gt 1 ]; then $(MAKE) --no-print-directory nginx; fi
 	@$(PY) -m semserve up --transformers $(TRANSFORMERS)
 
-# Debian's prometheus package: promtool and a real Prometheus for tests/test_prometheus_*.py.
-# Installed once (as root, or through sudo); skipped when both binaries are already on PATH.
+# Debian packages the tests use, installed once in one apt-get call (as root, or through sudo):
+# prometheus (promtool + server) for tests/manifests/test_prometheus_*.py, nginx for the load
+# balancer of `semserve up --transformers N` and tests/transformers_svc/test_replicas.py.
+define apt_install
+	@missing=""; for pair in $(1); do bin=$${pair%%:*}; pkg=$${pair#*:}; \
+	  command -v $$bin >/dev/null || test -x /usr/sbin/$$bin || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "==> installing Debian's$$(echo "$$missing" | tr ' ' '\n' | sort -u | tr '\n' ' ')"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+endef
+
+system-tools:
+	$(call apt_install,promtool:prometheus prometheus:prometheus nginx:nginx)
+
 prometheus-tools:
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
-	  echo "==> installing Debian's prometheus (promtool + server) for the tests"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	fi
+	$(call apt_install,promtool:prometheus prometheus:prometheus)
 
-# Debian's nginx: the load balancer of `semserve up --transformers N` and tests/transformers_svc/test_replicas.py.
 nginx:
-	@if ! command -v nginx >/dev/null && ! test -x /usr/sbin/nginx; then \
-	  echo "==> installing Debian's nginx (load balancer for transformer replicas)"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends nginx >/dev/null; \
-	fi
+	$(call apt_install,nginx:nginx)
 
-test: model prometheus-tools nginx
+# The install and the Debian packages at once: apt waits on the network while uv and the model
+# preparation use the CPU.
+test:
+	@$(MAKE) --no-print-directory -j2 model system-tools
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup

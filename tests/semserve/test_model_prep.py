@@ -32,3 +32,15 @@ def test_corruption_is_detected(tmp_path: Path) -> None:
     with (full / "config.json").open("a") as f:
         f.write(" ")
     assert not model_prep.verify(full)
+
+
+def test_one_gguf_reader_is_shared_within_the_conversion_only() -> None:
+    import gguf
+
+    original = gguf.GGUFReader
+    path = model_prep.find_gguf()
+    with model_prep._one_gguf_reader():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # the parses of one conversion share one reader
+        assert "general.architecture" in first.fields
+    assert gguf.GGUFReader is original

@@ -30,7 +30,7 @@ from tests.conftest import Predictor, Transformer
 
 SEED = 20_240_611
 # Per operation for the fuzzing phase; the coverage phase adds its own boundary cases on top.
-MAX_EXAMPLES = 25
+MAX_EXAMPLES = 15
 # A hang: no whole answer within this (a 2-token generation takes well under a second here).
 RESPONSE_BOUND_S = 60.0
 # Every generated completion costs vLLM time on 2 shared cores, and a body without max_tokens gets the

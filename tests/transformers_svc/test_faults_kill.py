@@ -78,7 +78,7 @@ def test_redis_killed_under_load_then_restarted_and_restarted_empty(
         async def faults(stop: asyncio.Event) -> None:
             nonlocal server
             t0 = time.monotonic()
-            await asyncio.sleep(12)  # entries stored, hits flowing
+            await asyncio.sleep(8)  # entries stored, hits flowing
             assert server.process is not None
             server.process.kill()  # SIGKILL: no shutdown, no final AOF rewrite
             server.process.wait()
@@ -98,7 +98,7 @@ def test_redis_killed_under_load_then_restarted_and_restarted_empty(
             log_line("Redis restarted empty", t0)
             # Empty: the entry is gone, so a miss; the index is recreated and the next one is a hit.
             probes["after_empty"] = await asyncio.to_thread(until_status, t, kept, "exact")
-            await asyncio.sleep(12)  # load on the recovered stack
+            await asyncio.sleep(8)  # load on the recovered stack
             stop.set()
 
         report = asyncio.run(run_load(t, predictor, faults, concurrency=6))
@@ -179,7 +179,7 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
 
         async def faults(stop: asyncio.Event) -> None:
             t0 = time.monotonic()
-            await asyncio.sleep(12)
+            await asyncio.sleep(8)
             proc = predictor.process.proc
             assert proc is not None
             # 1. With the engine core in a process of its own (GPU, --no-engine-in-process), the
@@ -215,7 +215,7 @@ def test_predictor_engine_killed_then_predictor_killed_and_restarted(
             probes["restart_aot_lines"] = aot_cache_lines(restarted.log_path)
             probes["recovered"] = await asyncio.to_thread(until_miss_answered, t)
             log_line("a miss is answered through the transformer again", t0)
-            await asyncio.sleep(15)  # load on the recovered stack
+            await asyncio.sleep(8)  # load on the recovered stack
             stop.set()
 
         report = asyncio.run(run_load(t, predictor, faults, concurrency=6))

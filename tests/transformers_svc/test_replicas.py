@@ -384,12 +384,12 @@ def test_soak_through_the_load_balancer(stack: Stack, predictor: Predictor) -> N
 
     pids = {f"replica-{i}": t.process.proc.pid for i, t in enumerate(stack.replicas) if t.process.proc}
     report = asyncio.run(soak(
-        Endpoint(stack.lb.http_url, stack.lb.grpc_target), duration_s=60, concurrency=8,
+        Endpoint(stack.lb.http_url, stack.lb.grpc_target), duration_s=30, concurrency=8,
         predictor_log=predictor.process.log_path, pids=pids,
     ))
     print(summary(report))
     assert not report.errors, report.error_samples
-    assert report.requests >= 50
+    assert report.requests >= 25  # about 55 in 30 s here
     assert report.verdict.checked == report.requests
     assert not report.failures, report.failures
     assert report.passed
