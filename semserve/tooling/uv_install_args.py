@@ -1,6 +1,6 @@
 """pip's configured package sources as `uv pip install` flags, printed one per line.
 
-`make setup` installs with uv (about 25 s here, bytecode compiling aside, where pip takes about
+`make setup` installs with uv (about 25 s here, where pip takes about
 4 minutes for the same ~230 packages) and must find what pip would: the same indexes, local wheel
 folders and constraints (this machine's torch wheel is one), which pip reads from its config files
 and PIP_* variables and uv does not. Run with the venv's python before anything is installed: stdlib only.
