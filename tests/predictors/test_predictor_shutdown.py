@@ -17,7 +17,7 @@ from tests.support import metric_value
 async def test_sigterm_drains_in_flight_requests(predictor: Predictor) -> None:
     body = {
         "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["A story:"]}],
-        "parameters": {"max_tokens": 200, "ignore_eos": True, "temperature": 0},
+        "parameters": {"max_tokens": 120, "ignore_eos": True, "temperature": 0},
     }
     async with httpx.AsyncClient(timeout=120) as client:
         calls = [
@@ -39,6 +39,6 @@ async def test_sigterm_drains_in_flight_requests(predictor: Predictor) -> None:
     assert ready.status_code == 503
     for r in responses:
         assert r.status_code == 200, r.text
-        assert r.json()["outputs"][2]["data"] == [200]  # every in-flight answer is whole
+        assert r.json()["outputs"][2]["data"] == [120]  # every in-flight answer is whole
     assert predictor.process.proc is not None
     assert predictor.process.proc.wait(60) == 0
