@@ -224,7 +224,7 @@ def test_sigterm_under_load_drains(predictor: Predictor, redis_url: str) -> None
     tag = uuid.uuid4().hex[:6]
     prompts = [f"Tell a long story about robot number {i} ({tag})." for i in range(8)]
     # Long enough to be in flight at SIGTERM: 100 tokens were all answered within 1.5 s once, on a
-    # faster machine; 200 take about 40 s here in a batch of 8.
+    # faster machine; 200 take 44-49 s here in a batch of 8.
     tokens = 200
     results: dict[int, httpx.Response | BaseException] = {}
 
