@@ -104,6 +104,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and the transformer, Redis and the clients on the others, as when the transformer is a pod "
         "of its own; default: all share all",
     )
+    stream.add_argument(
+        "--stream-interval", type=int, default=1, metavar="N",
+        help="--stream-interval N for every server (predictor, transformer, vLLM's): tokens per chunk after "
+        "the first",
+    )
     stream.set_defaults(func=_main_of("stream"))
 
     from bench import miss

@@ -357,29 +357,37 @@ def parse_levels(concurrency: str, requests: str) -> tuple[list[int], list[int]]
     return levels, [n or max(8, 4 * c) for n, c in zip(counts, levels, strict=True)]
 
 
+def interval_args(interval: int) -> list[str]:
+    """The same --stream-interval for every server of a run (vLLM's default, 1, as no flag)."""
+    return ["--stream-interval", str(interval)] if interval > 1 else []
+
+
 def _predictor_proc(
-    model_dir: Path, max_seqs: int, http: int, grpc: int, cpus: frozenset[int] | None
+    model_dir: Path, max_seqs: int, http: int, grpc: int, cpus: frozenset[int] | None, interval: int = 1
 ) -> Proc:
     return Proc(
         "predictor",
         ["predictor", "--model", str(model_dir), "--http-port", str(http), "--grpc-port", str(grpc),
-         "--max-num-seqs", str(max_seqs), "--log-level", "warning", *ENGINE_LIMITS],
+         "--max-num-seqs", str(max_seqs), "--log-level", "warning", *ENGINE_LIMITS, *interval_args(interval)],
         f"http://127.0.0.1:{http}/v2/health/ready", LOG_DIR / "stream-bench-predictor.log",
     )
 
 
-def _transformer_proc(redis_url: str, predictor_grpc: int, http: int, grpc: int) -> Proc:
+def _transformer_proc(redis_url: str, predictor_grpc: int, http: int, grpc: int, interval: int = 1) -> Proc:
     # Only the predictor's gRPC address: every miss takes the ModelStreamInfer hop.
     return Proc(
         "transformer",
         ["transformer", "--http-port", str(http), "--grpc-port", str(grpc),
          "--predictor-host", f"127.0.0.1:{predictor_grpc}",
-         "--cache-redis-url", redis_url, "--cache-deployment", "bench_stream", "--log-level", "warning"],
+         "--cache-redis-url", redis_url, "--cache-deployment", "bench_stream", "--log-level", "warning",
+         *interval_args(interval)],
         f"http://127.0.0.1:{http}/v2/health/ready", LOG_DIR / "stream-bench-transformer.log",
     )
 
 
-def _vllm_server(model_dir: Path, max_seqs: int, port: int, cpus: frozenset[int] | None) -> Server:
+def _vllm_server(
+    model_dir: Path, max_seqs: int, port: int, cpus: frozenset[int] | None, interval: int = 1
+) -> Server:
     import torch
 
     # What `semserve bench predictor` gives vLLM's server: the same limits our predictor runs with.
@@ -387,7 +395,8 @@ def _vllm_server(model_dir: Path, max_seqs: int, port: int, cpus: frozenset[int]
     util = os.environ.get("SEMSERVE_BENCH_MEMORY_UTILIZATION") or default_util
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-           "--max-num-seqs", str(max_seqs), "--gpu-memory-utilization", util, *ENGINE_LIMITS]
+           "--max-num-seqs", str(max_seqs), "--gpu-memory-utilization", util, *ENGINE_LIMITS,
+           *interval_args(interval)]
     return Server("vllm", cmd, f"http://127.0.0.1:{port}", "/v1/models", LOG_DIR / "stream-bench-vllm.log",
                   cpus=cpus)
 
@@ -400,20 +409,20 @@ class Run:
 
 
 def _ours(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int,
-          engine_cpus: frozenset[int] | None) -> None:  # fmt: skip
+          engine_cpus: frozenset[int] | None, interval: int = 1) -> None:  # fmt: skip
     from semserve.tooling.local_redis import RedisServer
 
     redis_dir = Path(tempfile.mkdtemp(prefix="redis-stream-bench-", dir=LOG_DIR))
     redis = RedisServer(_free_port(), data_dir=redis_dir)
     p_http, p_grpc, t_http, t_grpc = (_free_port() for _ in range(4))
-    predictor = _predictor_proc(model_dir, max_seqs, p_http, p_grpc, engine_cpus)
+    predictor = _predictor_proc(model_dir, max_seqs, p_http, p_grpc, engine_cpus, interval)
     transformer: Proc | None = None
     try:
         redis.start()
         print(f"==> predictor (model {model_dir}, max_num_seqs {max_seqs})", flush=True)
         run.predictor_start_s = predictor.start().wait_ready()
         print("==> transformer (gRPC hop only)", flush=True)
-        transformer = _transformer_proc(redis.url, p_grpc, t_http, t_grpc)
+        transformer = _transformer_proc(redis.url, p_grpc, t_http, t_grpc, interval)
         transformer.start().wait_ready(300)
         print("==> transformer vs direct, alternating waves", flush=True)
         assert transformer.proc is not None
@@ -431,8 +440,8 @@ def _ours(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int,
 
 
 def _theirs(run: Run, model_dir: Path, max_seqs: int, plan: Plan, max_tokens: int,
-            engine_cpus: frozenset[int] | None) -> None:  # fmt: skip
-    server = _vllm_server(model_dir, max_seqs, _free_port(), engine_cpus)
+            engine_cpus: frozenset[int] | None, interval: int = 1) -> None:  # fmt: skip
+    server = _vllm_server(model_dir, max_seqs, _free_port(), engine_cpus, interval)
     print("==> vLLM's own OpenAI server", flush=True)
     with server:
         run.vllm_start_s = server.start_s
@@ -450,7 +459,8 @@ def section(args: argparse.Namespace, run: Run, max_seqs: int, minutes: float,
     rat, missed = ratio_table(cells)
     cmd = (f"flock /tmp/semserve-heavy.lock semserve bench stream --concurrency {args.concurrency} "
            f"--requests {args.requests} --max-tokens {args.max_tokens}"
-           + (f" --engine-cpus {args.engine_cpus}" if split is not None else ""))
+           + (f" --engine-cpus {args.engine_cpus}" if split is not None else "")
+           + (f" --stream-interval {args.stream_interval}" if args.stream_interval > 1 else ""))
     cores = (f" Cores: {split.describe()}." if split is not None
              else " Cores: every process on every CPU.")
     notes = "\n".join(f"- not met: {m}" for m in missed) or "- all goals met against direct"
@@ -463,7 +473,8 @@ def section(args: argparse.Namespace, run: Run, max_seqs: int, minutes: float,
         f"`direct` (the predictor's own /openai/v1/chat/completions) share one predictor and run in "
         f"alternating waves of `concurrency` requests; `vllm` is `python -m "
         f"vllm.entrypoints.openai.api_server` afterwards on the direct cell's prompts. Engine limits "
-        f"for both: max_num_seqs {max_seqs}, max_model_len 2048. TTFT: first content chunk as the "
+        f"for both: max_num_seqs {max_seqs}, max_model_len 2048, stream interval {args.stream_interval} "
+        f"(every server). TTFT: first content chunk as the "
         f"client sees it; ITL: per request (last content chunk - first) / (tokens - 1), then p50/p99 "
         f"over requests. Transformer CPU ms/token: the transformer process's CPU time (all threads) during "
         f"its own waves over the tokens of its answers (what one of its cores can relay: 1000 / that "
@@ -492,9 +503,9 @@ def main(args: argparse.Namespace) -> int:
         split.pin_this_process()  # the transformer and Redis it starts inherit it
         print(f"==> {split.describe()}", flush=True)
     engine_cpus = split.engine if split is not None else None
-    _ours(run, model_dir, max_seqs, plan, args.max_tokens, engine_cpus)
+    _ours(run, model_dir, max_seqs, plan, args.max_tokens, engine_cpus, args.stream_interval)
     if not args.skip_vllm:
-        _theirs(run, model_dir, max_seqs, plan, args.max_tokens, engine_cpus)
+        _theirs(run, model_dir, max_seqs, plan, args.max_tokens, engine_cpus, args.stream_interval)
     minutes = (time.monotonic() - started) / 60
     text = section(args, run, max_seqs, minutes, (load_start, os.getloadavg()[0]), split)
     print(text)

@@ -28,7 +28,7 @@ from predictors import metrics, warm_start
 from predictors.config import PredictorSettings
 from predictors.inproc_engine import InprocLLM
 from predictors.sleep import SleepControl
-from semserve import tracing
+from semserve import stream_interval, tracing
 from semserve.answer import Answer, Logprobs, Piece, TokenLogprob, answer_of
 from semserve.errors import BadRequest, Unavailable
 from semserve.logs import get_logger
@@ -143,6 +143,8 @@ class Engine:
             # predictor refuses the setting on CPU before it gets here: predictors/cli.py).
             enable_sleep_mode=self.settings.sleep_enabled,
             kv_cache_memory_bytes=int(kv_gib * 2**30) or None,
+            # Left out at 1 (vLLM's default), so that a vLLM without the setting starts as before.
+            **({"stream_interval": interval} if (interval := self.settings.stream_interval) > 1 else {}),
         )
         log.info(
             "engine_starting", model=str(self.model_dir), gpu=gpu, memory_utilization=util,
@@ -310,6 +312,9 @@ class Engine:
         # Every option by its own name (SamplingOptions names them as vLLM does).
         fields = options.to_dict()
         fields["stop"] = fields["stop"] or None
+        if "stream_interval" not in SamplingParams.__struct_fields__:
+            # A vLLM without a request's own interval (it came in 2026): `generate` alone groups.
+            del fields["stream_interval"]
         fields["logit_bias"] = dict(options.logit_bias) or None
         if options.structured_outputs is not None:
             from vllm.sampling_params import StructuredOutputsParams
@@ -323,11 +328,18 @@ class Engine:
             _raise_if_refused(exc)
             raise
 
-    async def generate(
+    def generate(
         self, prepared: Prepared, request_id: str, protocol: str, operation: str = "text_completion"
     ) -> AsyncIterator[Piece]:
-        """The one generation path: yield the answer's pieces as the engine makes them (the last
-        carries the finish reason); cancelling the consumer aborts the request."""
+        """The one generation path: the answer's pieces as the engine makes them (the last carries
+        the finish reason), at least the stream interval's tokens each after the first; closing
+        the stream aborts the request."""
+        interval = stream_interval.effective(self.settings.stream_interval, prepared.options.stream_interval)
+        return stream_interval.every(interval, self._generated(prepared, request_id, protocol, operation))
+
+    async def _generated(
+        self, prepared: Prepared, request_id: str, protocol: str, operation: str
+    ) -> AsyncIterator[Piece]:
         if not self.ready:
             raise Unavailable("the engine is not ready")
         from vllm.inputs import TokensPrompt

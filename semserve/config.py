@@ -272,6 +272,14 @@ class ServerSettings(OpenAIRouteSettings):
     )
     max_batch_size: int = setting(64, "Most prompts one v2 request may carry (text_input shape [B]).")
     default_max_tokens: int = setting(128, "max_tokens when a request gives none.")
+    stream_interval: int = setting(
+        1,
+        "Least new tokens in each streamed chunk after the first; the last comes with the finish "
+        "reason. A request's `stream_interval` (vLLM's field) may raise it, never lower it. The "
+        "predictor's is vLLM's --stream-interval; the transformer also asks its predictor for its "
+        "own. Fewer, larger chunks cost less CPU per token (gRPC messages, SSE events). 1: each "
+        "token as it comes.",
+    )
     grace_period_s: float = setting(30.0, "On SIGTERM, how long in-flight requests may take to finish.")
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
     v2_fast_path: bool = setting(
@@ -280,3 +288,8 @@ class ServerSettings(OpenAIRouteSettings):
         "instead of KServe's: the same answers, less stack; anything it does not parse completely "
         "goes to KServe's route.",
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval {self.stream_interval}: must be >= 1 (1: each token)")

@@ -190,6 +190,8 @@ class _SamplingFields(EncodableRequest):
     structured_outputs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None  # OpenAI's way to ask for JSON
     logit_bias: dict[str, float] | None = None
+    # vLLM's: tokens per streamed chunk after the first; raises the server's --stream-interval.
+    stream_interval: int | None = Field(None, json_schema_extra={"minimum": 1})
     user: str | None = None
 
     def unsupported(self) -> None:
@@ -223,6 +225,7 @@ class _SamplingFields(EncodableRequest):
             "logprobs": self.logprobs_asked(),
             "structured_outputs": self.structured(),
             "logit_bias": self.logit_bias,
+            "stream_interval": self.stream_interval,
         }
         return parse_sampling(params)
 

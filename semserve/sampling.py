@@ -40,6 +40,10 @@ class SamplingOptions:
     # How many most likely tokens to report beside each generated one (0: its own logprob only);
     # None: no logprobs. Not part of any cache key: requests for logprobs bypass the cache.
     logprobs: int | None = None
+    # vLLM's stream_interval: a streamed answer's chunks after the first carry at least this many
+    # tokens (semserve/stream_interval.py); None: the server's --stream-interval. How the answer
+    # is delivered, not what it is: part of no cache key.
+    stream_interval: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -84,13 +88,15 @@ ADJUSTMENT_DEFAULTS: dict[str, Adjustment] = {
 }
 SAMPLING_KEYS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", *ADJUSTMENT_DEFAULTS,
-    "logprobs",
+    "logprobs", "stream_interval",
 )
-_INTEGERS = ("max_tokens", "top_k", "seed", "min_tokens", "logprobs")
+_INTEGERS = ("max_tokens", "top_k", "seed", "min_tokens", "logprobs", "stream_interval")
 # vLLM's default --max-logprobs, and OpenAI's limit.
 MAX_LOGPROBS = 20
 _FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 _BOOLEANS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+# Tokens per streamed chunk: past any max_tokens, it is the first chunk and then the whole rest.
+MAX_STREAM_INTERVAL = 2**31 - 1
 # vLLM takes any number; more than this many is a client bug, not a stop condition.
 MAX_STOP_TOKEN_IDS = 256
 
@@ -271,6 +277,9 @@ def check(opts: SamplingOptions) -> None:
         raise BadRequest(f"min_p must be in [0, 1], got {opts.min_p}", "min_p")
     if opts.logprobs is not None and not 0 <= opts.logprobs <= MAX_LOGPROBS:
         raise BadRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {opts.logprobs}", "logprobs")
+    if opts.stream_interval is not None and not 1 <= opts.stream_interval <= MAX_STREAM_INTERVAL:
+        name = "stream_interval"
+        raise BadRequest(f"{name} must be in [1, {MAX_STREAM_INTERVAL}], got {opts.stream_interval}", name)
     if not 0 <= opts.min_tokens <= opts.max_tokens:
         raise BadRequest(
             f"min_tokens must be in [0, max_tokens ({opts.max_tokens})], got {opts.min_tokens}", "min_tokens"

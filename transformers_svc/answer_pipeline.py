@@ -49,7 +49,7 @@ from cache.lease import Claim
 from cache.lookup_result import LookupResult
 from cache.semantic_cache import SemanticCache
 from cache.single_flight import Broadcast, SingleFlight
-from semserve import tracing
+from semserve import stream_interval, tracing
 from semserve.answer import Answer, Piece, answer_of, replay, whole_piece
 from semserve.logs import get_logger
 from semserve.openai_protocol import ChatPrompt
@@ -117,6 +117,12 @@ class AnswerStream:
 
     async def aclose(self) -> None:
         await self._pieces.aclose()  # type: ignore[attr-defined]
+
+    def every(self, interval: int) -> AnswerStream:
+        """The same answer in pieces of at least `interval` tokens after the first."""
+        if interval <= 1:
+            return self
+        return AnswerStream(self.status, self.similarity, stream_interval.every(interval, self._pieces))
 
 
 class Generator(Protocol):
@@ -258,8 +264,11 @@ class AnswerPipeline:
         return Outcome(answer, "miss", stream.similarity)
 
     async def stream(self, request: AnswerRequest) -> AnswerStream:
-        """The answer as pieces (hits replayed word by word, misses as the predictor makes them)."""
-        return await self._begin(request, streamed=True)
+        """The answer as pieces (hits replayed word by word, misses as the predictor makes them),
+        grouped to the request's stream interval."""
+        asked = request.context.sampling.stream_interval
+        answer = await self._begin(request, streamed=True)
+        return answer.every(stream_interval.effective(self.settings.stream_interval, asked))
 
     async def _begin(self, request: AnswerRequest, streamed: bool) -> AnswerStream:
         mode, key = self._mode_of(request), self._key_of(request)

@@ -47,9 +47,12 @@ _T = TypeVar("_T")
 Prompt = str | ChatPrompt
 
 
-def _sampling_json(options: SamplingOptions) -> str:
+def _sampling_json(options: SamplingOptions, stream_interval: int) -> str:
     # KServe's v2 proto carries only bool/int/string parameters; the JSON input carries floats.
     d = options.to_dict()
+    # This transformer's interval, not the request's: a generation may be shared by requests that
+    # ask for different ones, and each groups the pieces to its own (semserve/stream_interval.py).
+    d["stream_interval"] = stream_interval if stream_interval > 1 else None
     return json.dumps({k: v for k, v in d.items() if v is not None})
 
 
@@ -159,10 +162,9 @@ class PredictorClient:
             first = _bytes_input(v2.CHAT_INPUT, prompt.model_dump_json(exclude_none=True).encode())
         else:
             first = _bytes_input(v2.TEXT_INPUT, prompt.encode())
+        sampling = _sampling_json(options, self.settings.stream_interval).encode()
         request = pb.ModelInferRequest(
-            model_name=self.model,
-            id=request_id,
-            inputs=[first, _bytes_input(v2.SAMPLING_INPUT, _sampling_json(options).encode())],
+            model_name=self.model, id=request_id, inputs=[first, _bytes_input(v2.SAMPLING_INPUT, sampling)]
         )
         if stream:
             request.inputs.add(

@@ -28,7 +28,14 @@ def test_bench_stream_help_parses() -> None:
     r = subprocess.run([sys.executable, "-m", "semserve", "bench", "stream", "--help"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "--requests" in r.stdout and "--skip-vllm" in r.stdout
+    assert "--requests" in r.stdout and "--skip-vllm" in r.stdout and "--stream-interval" in r.stdout
+
+
+def test_bench_stream_gives_every_server_the_same_stream_interval() -> None:
+    from bench.stream import interval_args
+
+    assert interval_args(1) == []  # vLLM's default: no flag, so a vLLM without it runs too
+    assert interval_args(8) == ["--stream-interval", "8"]
 
 
 def test_bench_stream_levels_and_ratios() -> None:

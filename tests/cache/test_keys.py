@@ -122,6 +122,15 @@ def test_sampling_from_mapping() -> None:
     assert keys.fingerprint(chat("q", sampling=a)) != keys.fingerprint(chat("q", sampling=b))
     # An adjustment at its default keys as if absent: answers stored before it existed stay found.
     assert SamplingKey.from_mapping({**opts, "repetition_penalty": 1.0, "min_tokens": 0}) == a
+    # How an answer is reported or delivered is no part of it.
+    assert SamplingKey.from_mapping({**opts, "logprobs": 2, "stream_interval": 8}) == a
+
+
+def test_a_stream_interval_keys_as_none() -> None:
+    plain = SamplingOptions(max_tokens=16, temperature=0)
+    chunked = SamplingOptions(max_tokens=16, temperature=0, stream_interval=8)
+    assert SamplingKey.from_options(chunked) == SamplingKey.from_options(plain)
+    assert SamplingKey.from_mapping(chunked.to_dict()) == SamplingKey.from_options(plain)
 
 
 def test_adjusted_options_key_apart_and_defaults_key_as_before() -> None:

@@ -20,7 +20,8 @@ def test_every_option_reaches_vllm() -> None:
                               ignore_eos=True, presence_penalty=0.1, frequency_penalty=0.2,
                               repetition_penalty=1.1, min_p=0.05, min_tokens=2, stop_token_ids=(7,),
                               include_stop_str_in_output=True, skip_special_tokens=False, logprobs=2,
-                              logit_bias=((5, 1.5),), structured_outputs='{"regex":"a+"}')  # fmt: skip
+                              logit_bias=((5, 1.5),), structured_outputs='{"regex":"a+"}',
+                              stream_interval=4)  # fmt: skip
     params = engine()._params(options)
     # Two take vLLM's own types: a {token id: bias} dict, and StructuredOutputsParams.
     as_vllm = {"logit_bias": {5: 1.5}}

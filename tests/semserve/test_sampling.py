@@ -74,6 +74,12 @@ def test_adjustments_parsed(params: dict[str, Any], adjusted: dict[str, Any]) ->
         ({"logit_bias": {"-1": 1}}, "logit_bias", "keys must be token ids"),
         ({"logit_bias": {"2": "big"}}, "logit_bias", "logit_bias[2] must be a number"),
         ({"logit_bias": [1, 2]}, "logit_bias", "logit_bias must map token ids to biases"),
+        ({"stream_interval": 0}, "stream_interval", "stream_interval must be in [1, 2147483647], got 0"),
+        ({"stream_interval": -4}, "stream_interval", "stream_interval must be in [1, 2147483647]"),
+        ({"stream_interval": 2**31}, "stream_interval", "stream_interval must be in [1, 2147483647]"),
+        ({"stream_interval": 2.5}, "stream_interval", "stream_interval must be an integer"),
+        ({"stream_interval": True}, "stream_interval", "stream_interval must be a number, got bool"),
+        ({"stream_interval": "often"}, "stream_interval", "stream_interval must be a number, got 'often'"),
     ],
 )
 def test_out_of_range_is_a_400_naming_the_field(params: dict[str, Any], field: str, message: str) -> None:
@@ -126,3 +132,11 @@ def test_structured_outputs_refused(raw: Any, message: str) -> None:
     with pytest.raises(BadRequest, match=re.escape(message)) as caught:
         parse_sampling({"structured_outputs": raw})
     assert caught.value.field == "structured_outputs"
+
+
+@pytest.mark.parametrize(("raw", "parsed"), [(None, None), (4, 4), ("8", 8), (1, 1), (2**31 - 1, 2**31 - 1)])
+def test_stream_interval_parsed_and_adjusts_nothing(raw: Any, parsed: int | None) -> None:
+    # How the answer is delivered, not what it is: no adjustment, so no cache key of its own.
+    options = parse_sampling({"stream_interval": raw})
+    assert options.stream_interval == parsed
+    assert options.adjustments() == {}

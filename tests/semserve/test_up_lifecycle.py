@@ -14,6 +14,7 @@ Processes are found by PID (psutil, from the supervisor's pid), never by name.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -29,7 +31,7 @@ import pytest
 
 from semserve.supervise import read_status
 from tests.conftest import Predictor
-from tests.support import ROOT, free_port
+from tests.support import ROOT, free_port, metric_value
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux parent-death signals")
 
@@ -184,13 +186,35 @@ def test_up_dies_whole_and_keeps_its_cache(predictor: Predictor, tmp_path: Path)
     assert httpx.get(f"{predictor.http}/v2/health/ready", timeout=5).status_code == 200
 
 
+def _streamed_counts(base: str) -> tuple[list[int], float]:
+    """The completion tokens so far at each content chunk of a 10-token streamed chat, and how many
+    outputs the engine sent for it (the predictor's inter-token latency observations)."""
+    itl = "semserve_predictor_inter_token_latency_seconds_count"
+    before = metric_value(httpx.get(f"{base}/metrics", timeout=10).text, itl)
+    body = {**CHAT, "max_tokens": 10, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+    counts = []
+    with httpx.stream("POST", f"{base}/openai/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    counts.append(chunk["usage"]["completion_tokens"])
+    # The first output has no gap before it: outputs = observations + 1.
+    return counts, metric_value(httpx.get(f"{base}/metrics", timeout=10).text, itl) - before + 1
+
+
 @pytest.mark.timeout(1500)  # two engine starts (about 100 s each here, more on a loaded machine)
 def test_a_killed_predictor_takes_its_engine_along(tmp_path: Path) -> None:
     """`semserve up` with its own predictor (the only component). The supervisor is frozen
     (SIGSTOP) while the predictor is SIGKILLed, so the engine must end by itself (lifeline's
     watch in vLLM's EngineCore and Workers), not by the supervisor's clean-up; resumed, the
     supervisor restarts the predictor, and no process of the first engine is left. Finally a
-    SIGKILL of `semserve up` takes the new predictor and its engine along."""
+    SIGKILL of `semserve up` takes the new predictor and its engine along.
+
+    The predictor runs with --stream-interval 3, so one streamed answer also shows that vLLM's
+    engine takes the setting in this layout (the GPU's): it sends 3 tokens per output."""
     http, grpc = free_port(), free_port()
     stack = Stack(str(grpc), tmp_path, runs=1)
     argv = [
@@ -203,7 +227,7 @@ def test_a_killed_predictor_takes_its_engine_along(tmp_path: Path) -> None:
         # processes, not text. The engine core in a process of its own, as on GPU (on CPU it runs
         # in the predictor's process by default, and has nothing to outlive it).
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SEMSERVE_PREDICTOR_ENFORCE_EAGER": "1",
-               "SEMSERVE_PREDICTOR_ENGINE_IN_PROCESS": "0"}
+               "SEMSERVE_PREDICTOR_ENGINE_IN_PROCESS": "0", "SEMSERVE_PREDICTOR_STREAM_INTERVAL": "3"}
         up = stack.up = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
     try:
         stack.wait("predictor ready", lambda: "semserve is up." in stack.out.read_text(), 660)
@@ -224,6 +248,9 @@ def test_a_killed_predictor_takes_its_engine_along(tmp_path: Path) -> None:
         second = stack.component("predictor")
         assert second.pid != predictor.pid
         assert any(p.name().startswith("VLLM::EngineCore") for p in second.children(recursive=True))
+        counts, outputs = _streamed_counts(f"http://127.0.0.1:{http}")
+        assert counts[-1] == 10 and all(b - a >= 3 for a, b in pairwise(counts)), counts
+        assert outputs <= 4, outputs  # 1, 3, 3, 3: the engine's own outputs, before the edge groups them
 
         everything = stack.processes()
         assert stack.kill_up() == -signal.SIGKILL

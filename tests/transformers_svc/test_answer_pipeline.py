@@ -90,6 +90,43 @@ async def test_streamed_followers_are_shared_too(cache: SemanticCache) -> None:
     assert sorted(statuses) == ["miss"] + ["shared"] * 5
 
 
+class TokenGenerator(CountingGenerator):
+    """A predictor that streams 9 tokens one by one, slowly enough for followers to join."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda _: asyncio.sleep(0, "Paris"))
+
+    async def stream(self, prompt: object, options: SamplingOptions, request_id: str) -> AsyncIterator[Piece]:
+        self.calls += 1
+        for n in range(1, 10):
+            await asyncio.sleep(0.02)
+            yield Piece(f"t{n} ", "length" if n == 9 else None, n, 5)
+
+
+def asking(interval: int | None) -> AnswerRequest:
+    request = ask()
+    sampling = SamplingOptions(temperature=0, max_tokens=8, stream_interval=interval)
+    return AnswerRequest(request.context.with_sampling(sampling), request.kind, request.prompt)
+
+
+async def test_requests_sharing_a_generation_each_get_their_own_stream_interval(cache: SemanticCache) -> None:
+    async def sizes(p: AnswerPipeline, interval: int | None) -> tuple[str, list[int]]:
+        stream = await p.stream(asking(interval))
+        counts = [piece.completion_tokens async for piece in stream]
+        return stream.status, [b - a for a, b in zip([0, *counts], counts, strict=False)]
+
+    gen = TokenGenerator()
+    p = pipeline(cache, gen)
+    results = await asyncio.gather(sizes(p, 3), sizes(p, None), sizes(p, 1))
+    assert gen.calls == 1 and sorted(r[0] for r in results) == ["miss", "shared", "shared"]
+    assert [r[1] for r in results] == [[1, 3, 3, 2], [1] * 9, [1] * 9]
+    # The transformer's own --stream-interval is the least; a request may only raise it.
+    p2 = AnswerPipeline(TransformerSettings(stream_interval=4), None, TokenGenerator())
+    assert (await sizes(p2, None))[1] == [1, 4, 4]
+    assert (await sizes(p2, 2))[1] == [1, 4, 4]
+    assert (await sizes(p2, 6))[1] == [1, 6, 2]
+
+
 async def test_the_leaders_error_reaches_the_waiters(cache: SemanticCache) -> None:
     async def failing(_: int) -> str:
         await asyncio.sleep(0.05)

@@ -281,3 +281,60 @@ def test_a_streamed_batch_fills_each_prompt_at_its_index(target: Predictor | Tra
             finished[i] = event["finish_reason"][i] or finished[i]
     assert texts[0].strip() and texts[1].strip()
     assert all(f in ("stop", "length") for f in finished)
+
+
+ITL = "semserve_predictor_inter_token_latency_seconds_count"
+
+
+def test_a_stream_interval_sends_the_same_answer_in_fewer_larger_chunks(
+    target: Predictor | Transformer, predictor: Predictor
+) -> None:
+    """vLLM's `stream_interval`: OpenAI (continuous usage says the tokens so far at each chunk) and
+    v2 generate_stream. Through the transformer the first ask is a miss and the others exact hits,
+    each grouped to its own interval."""
+    client = openai.OpenAI(base_url=target.openai_base, api_key="unused", max_retries=0)
+    messages = [{"role": "system", "content": "You list things, one per line."},
+                {"role": "user", "content": unique("Name five rivers of Europe.")}]  # fmt: skip
+
+    def chat(interval: int | None) -> tuple[str, list[int], str]:
+        raw = client.chat.completions.with_raw_response.create(
+            model="llm", messages=messages, temperature=0, max_tokens=17, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True, **({"stream_interval": interval} if interval else {})},
+        )  # fmt: skip
+        text, counts = "", []
+        for chunk in raw.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+                counts.append(chunk.usage.completion_tokens)
+        return text, counts, raw.headers.get("x-semserve-cache", "")
+
+    def steps(counts: list[int]) -> list[int]:
+        return [b - a for a, b in zip([0, *counts], counts, strict=False)]
+
+    outputs_before = predictor_metric(predictor, ITL)
+    text, counts, status = chat(4)
+    engine_outputs = predictor_metric(predictor, ITL) - outputs_before
+    plain_text, plain_counts, _ = chat(None)
+    assert text == plain_text and counts[-1] == plain_counts[-1] == 17
+    assert counts[0] <= 2 and all(s >= 4 for s in steps(counts)[1:])  # the last ends at max_tokens
+    assert len(counts) < len(plain_counts)
+    if isinstance(target, Predictor):
+        # The engine itself sent ~4 tokens per output (vLLM's own stream interval): 1, 4, 4, 4, 4.
+        assert engine_outputs <= 5, engine_outputs
+    else:
+        assert status == "miss"
+        again, again_counts, again_status = chat(3)  # a replayed hit, in groups of 3 words or more
+        assert again_status == "exact" and again == text
+        assert all(s >= 3 for s in steps(again_counts)[1:-1])
+
+    parameters = {"max_tokens": 13, "temperature": 0, "ignore_eos": True, "stream_interval": 4}
+    body = {"text_input": unique("Count from one to twenty:"), "parameters": parameters}
+    with httpx.stream("POST", f"{target.http}/v2/models/llm/generate_stream", json=body, timeout=120) as s:
+        assert s.status_code == 200
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    v2_counts = [e["completion_tokens"] for e in events if e["text_output"]]
+    assert v2_counts[-1] == 13 and all(s >= 4 for s in steps(v2_counts)[1:]), v2_counts
+    bad = httpx.post(f"{target.http}/v2/models/llm/generate_stream",
+                     json={**body, "parameters": {"stream_interval": 0}}, timeout=30)  # fmt: skip
+    assert bad.status_code == 400 and "stream_interval must be in [1" in bad.json()["error"]

@@ -1,0 +1,67 @@
+"""Streamed answers in chunks of at least N new tokens (vLLM's stream interval), in both services.
+
+vLLM's `--stream-interval` (the server's) and `stream_interval` (a request's, which may only raise
+it) trade smoothness for cost: the first piece goes at once, the last with the finish reason, and
+those between carry at least N tokens each. Every chunk costs a message over the gRPC hop, an SSE
+event and its JSON; on a GPU that streams thousands of tokens a second that per-chunk cost is what
+the transformer spends most of its CPU on.
+
+Both services group the pieces at their edge, whatever made them: the engine (which groups them
+already when its vLLM takes the setting), a replayed cache hit, or a generation shared with other
+requests, each of which groups it to its own interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from semserve.answer import Piece
+
+
+def effective(server: int, asked: int | None) -> int:
+    """The interval a request streams at: the server's, raised (never lowered) by the request's."""
+    return max(server, asked or 1)
+
+
+def joined(pieces: Sequence[Piece]) -> Piece:
+    """Consecutive pieces as one: their text and logprobs in order, the last one's counts and
+    finish reason."""
+    if len(pieces) == 1:
+        return pieces[0]
+    last = pieces[-1]
+    logprobs = None
+    if any(p.logprobs is not None for p in pieces):
+        logprobs = tuple(t for p in pieces for t in p.logprobs or ())
+    return Piece(
+        text="".join(p.text for p in pieces),
+        finish_reason=last.finish_reason,
+        completion_tokens=last.completion_tokens,
+        prompt_tokens=max(p.prompt_tokens for p in pieces),
+        model_revision=next((p.model_revision for p in pieces if p.model_revision), None),
+        logprobs=logprobs,
+    )
+
+
+async def every(interval: int, pieces: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
+    """`pieces` regrouped: the first as it comes, then one piece per `interval` new tokens or more,
+    and whatever is held when the last (finish reason) or the end comes. Closing this closes
+    `pieces` (a predictor call is aborted, a shared generation left)."""
+    try:
+        if interval <= 1:
+            async for piece in pieces:
+                yield piece
+            return
+        held: list[Piece] = []
+        sent = 0  # completion tokens sent so far; 0: nothing sent yet, so the next goes at once
+        async for piece in pieces:
+            held.append(piece)
+            if sent and piece.finish_reason is None and piece.completion_tokens - sent < interval:
+                continue
+            out = joined(held)
+            held = []
+            sent = out.completion_tokens
+            yield out
+        if held:
+            yield joined(held)
+    finally:
+        await pieces.aclose()  # type: ignore[attr-defined]
