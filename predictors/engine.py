@@ -334,8 +334,9 @@ class Engine:
         """The one generation path: the answer's pieces as the engine makes them (the last carries
         the finish reason), at least the stream interval's tokens each after the first; closing
         the stream aborts the request."""
+        pieces = self._generated(prepared, request_id, protocol, operation)
         interval = stream_interval.effective(self.settings.stream_interval, prepared.options.stream_interval)
-        return stream_interval.every(interval, self._generated(prepared, request_id, protocol, operation))
+        return pieces if interval <= 1 else stream_interval.every(interval, pieces)
 
     async def _generated(
         self, prepared: Prepared, request_id: str, protocol: str, operation: str
