@@ -13,6 +13,7 @@ continuous batch; nothing here serializes them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -312,9 +313,8 @@ class Engine:
         # Every option by its own name (SamplingOptions names them as vLLM does).
         fields = options.to_dict()
         fields["stop"] = fields["stop"] or None
-        if "stream_interval" not in SamplingParams.__struct_fields__:
-            # A vLLM without a request's own interval (it came in 2026): `generate` alone groups.
-            del fields["stream_interval"]
+        if not _vllm_takes_a_requests_interval():
+            del fields["stream_interval"]  # `generate` groups the pieces itself
         fields["logit_bias"] = dict(options.logit_bias) or None
         if options.structured_outputs is not None:
             from vllm.sampling_params import StructuredOutputsParams
@@ -335,6 +335,8 @@ class Engine:
         the finish reason), at least the stream interval's tokens each after the first; closing
         the stream aborts the request."""
         pieces = self._generated(prepared, request_id, protocol, operation)
+        if _vllm_takes_a_requests_interval():
+            return pieces  # vLLM's output processor groups them, clamped up to --stream-interval
         interval = stream_interval.effective(self.settings.stream_interval, prepared.options.stream_interval)
         return pieces if interval <= 1 else stream_interval.every(interval, pieces)
 
@@ -467,6 +469,15 @@ class Engine:
             # ExceptionGroup would reach KServe as a 500 (gRPC INTERNAL).
             raise group.exceptions[0] from None
         return [t.result() for t in tasks]
+
+
+@functools.cache
+def _vllm_takes_a_requests_interval() -> bool:
+    """Whether this vLLM's SamplingParams has `stream_interval` (it came in 2026; the engine-wide
+    setting came before)."""
+    from vllm import SamplingParams
+
+    return "stream_interval" in SamplingParams.__struct_fields__
 
 
 def _logprobs_of(output: Any, top: int) -> Logprobs:

@@ -6,9 +6,10 @@ those between carry at least N tokens each. Every chunk costs a message over the
 event and its JSON; on a GPU that streams thousands of tokens a second that per-chunk cost is what
 the transformer spends most of its CPU on.
 
-Both services group the pieces at their edge, whatever made them: the engine (which groups them
-already when its vLLM takes the setting), a replayed cache hit, or a generation shared with other
-requests, each of which groups it to its own interval.
+The predictor leaves the grouping to vLLM's output processor where its vLLM takes a request's
+interval, and groups the engine's pieces itself where it does not. The transformer groups at its
+edge whatever the pieces came from: its predictor, a replayed cache hit, or a generation shared by
+requests that each group it to their own interval.
 """
 
 from __future__ import annotations
