@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from semserve.answer import Piece
+from semserve.answer import Piece, answer_of, whole_piece
 
 
 def effective(server: int, asked: int | None) -> int:
@@ -27,20 +27,7 @@ def effective(server: int, asked: int | None) -> int:
 def joined(pieces: Sequence[Piece]) -> Piece:
     """Consecutive pieces as one: their text and logprobs in order, the last one's counts and
     finish reason."""
-    if len(pieces) == 1:
-        return pieces[0]
-    last = pieces[-1]
-    logprobs = None
-    if any(p.logprobs is not None for p in pieces):
-        logprobs = tuple(t for p in pieces for t in p.logprobs or ())
-    return Piece(
-        text="".join(p.text for p in pieces),
-        finish_reason=last.finish_reason,
-        completion_tokens=last.completion_tokens,
-        prompt_tokens=max(p.prompt_tokens for p in pieces),
-        model_revision=next((p.model_revision for p in pieces if p.model_revision), None),
-        logprobs=logprobs,
-    )
+    return pieces[0] if len(pieces) == 1 else whole_piece(answer_of(list(pieces)))
 
 
 async def every(interval: int, pieces: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
