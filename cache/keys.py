@@ -43,9 +43,9 @@ KINDS: tuple[str, ...] = ("chat", "completion", "v2")
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
 
 
-# Options that leave the answer as it is: what is reported beside it (logprobs, whose requests are
-# never cached) and how it is delivered (a stream's chunk size).
-NOT_KEYED = ("logprobs", "stream_interval")
+# Options that leave the answer as it is: what is reported beside it (logprobs, the answer's or
+# its prompt's, whose requests are never cached) and how it is delivered (a stream's chunk size).
+NOT_KEYED = ("logprobs", "prompt_logprobs", "stream_interval")
 
 
 def _at_default(name: str, value: Any) -> bool:

@@ -407,9 +407,12 @@ class Engine:
                     finish_reason = finish or finish_reason
                     # A token whose text is not whole yet still brings its logprobs when asked.
                     logprobs = _logprobs_of(piece, opts.logprobs) if opts.logprobs is not None else None
-                    if piece.text or finish or logprobs:
+                    # The prompt's come once, with the first output (vLLM pops them there).
+                    of_prompt = self._prompt_logprobs(prepared.token_ids, out.prompt_logprobs, opts)
+                    if piece.text or finish or logprobs or of_prompt:
                         digest.update(piece.text.encode())
-                        yield Piece(piece.text, finish, tokens, prompt_tokens, logprobs=logprobs)
+                        yield Piece(piece.text, finish, tokens, prompt_tokens, logprobs=logprobs,
+                                    prompt_logprobs=of_prompt)  # fmt: skip
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
             # AsyncLLM.generate aborts the engine request on cancellation; we count it.
@@ -444,6 +447,21 @@ class Engine:
             )
             if span.is_recording():
                 _end_generation_span(span, timing, tokens, finish_reason, outcome)
+
+    def _prompt_logprobs(
+        self, token_ids: list[int], positions: Any, opts: SamplingOptions
+    ) -> Logprobs | None:
+        """The prompt's tokens' logprobs from a vLLM RequestOutput's `prompt_logprobs` (None at
+        the first token, a dict per token after), or None when there are none in this output."""
+        if opts.prompt_logprobs is None or not positions:
+            return None
+        out = []
+        for token_id, position in zip(token_ids, positions, strict=False):
+            if position is None:  # the first token: nothing predicts it
+                out.append(TokenLogprob(self.tokenizer.decode([token_id]), None))
+            else:
+                out.append(_token_logprob(token_id, position, opts.prompt_logprobs))
+        return tuple(out)
 
     async def answer(
         self, prepared: Prepared, request_id: str, protocol: str, operation: str = "text_completion"
@@ -483,14 +501,18 @@ def _vllm_takes_a_requests_interval() -> bool:
 def _logprobs_of(output: Any, top: int) -> Logprobs:
     """The new tokens' logprobs of a vLLM CompletionOutput (a delta): each token's own, and the
     `top` most likely at its place, most likely first."""
-    out = []
-    for token_id, position in zip(output.token_ids, output.logprobs or (), strict=False):
-        chosen = position[token_id]
-        ranked = sorted((lp for lp in position.values() if lp.rank is not None and lp.rank <= top),
-                        key=lambda lp: lp.rank)  # fmt: skip
-        alternatives = tuple((lp.decoded_token or "", lp.logprob) for lp in ranked)
-        out.append(TokenLogprob(chosen.decoded_token or "", chosen.logprob, alternatives))
-    return tuple(out)
+    positions = zip(output.token_ids, output.logprobs or (), strict=False)
+    return tuple(_token_logprob(token_id, position, top) for token_id, position in positions)
+
+
+def _token_logprob(token_id: int, position: dict[int, Any], top: int) -> TokenLogprob:
+    """One token's logprob from vLLM's {token id: Logprob} at its place, with the `top` most
+    likely there, most likely first."""
+    chosen = position[token_id]
+    ranked = sorted((lp for lp in position.values() if lp.rank is not None and lp.rank <= top),
+                    key=lambda lp: lp.rank)  # fmt: skip
+    alternatives = tuple((lp.decoded_token or "", lp.logprob) for lp in ranked)
+    return TokenLogprob(chosen.decoded_token or "", chosen.logprob, alternatives)
 
 
 def _raise_if_refused(exc: BaseException) -> None:

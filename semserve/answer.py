@@ -17,11 +17,12 @@ COMPLETE = ("stop", "length")  # finish reasons of a whole answer (not cut off, 
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token as vLLM's `logprobs` reports it: its text, its logprob, and the most
-    likely tokens at its place (most likely first) with theirs."""
+    """One token as vLLM's `logprobs` reports it: its text, its logprob, and the most likely tokens
+    at its place (most likely first) with theirs. A prompt's first token has no logprob (None) and
+    no alternatives: nothing comes before it to predict it."""
 
     token: str
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> list[Any]:
@@ -33,7 +34,7 @@ class TokenLogprob:
         try:
             token, logprob, top = obj
             alternatives = tuple((str(t), float(lp)) for t, lp in top)
-            return cls(str(token), float(logprob), alternatives)
+            return cls(str(token), None if logprob is None else float(logprob), alternatives)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a token logprob: {obj!r}") from exc
 
@@ -50,6 +51,9 @@ class Answer:
     model_revision: str | None = None  # None: the predictor reported none
     # Each token's logprobs, when the request asked for them (never cached: such requests bypass).
     logprobs: Logprobs | None = None
+    # The prompt's tokens' logprobs (vLLM's prompt_logprobs, what completions' echo reports), when
+    # asked for; never cached either.
+    prompt_logprobs: Logprobs | None = None
 
     @property
     def complete(self) -> bool:
@@ -97,6 +101,7 @@ class Piece:
     prompt_tokens: int
     model_revision: str | None = None  # None: the predictor reports none
     logprobs: Logprobs | None = None  # the new tokens', when asked for
+    prompt_logprobs: Logprobs | None = None  # the prompt's, when asked for: on the first piece only
 
 
 def answer_of(pieces: list[Piece]) -> Answer:
@@ -111,19 +116,22 @@ def answer_of(pieces: list[Piece]) -> Answer:
         model_revision=next((p.model_revision for p in pieces if p.model_revision), None),
         logprobs=None if all(p.logprobs is None for p in pieces)
         else tuple(t for p in pieces for t in p.logprobs or ()),
+        prompt_logprobs=next((p.prompt_logprobs for p in pieces if p.prompt_logprobs is not None), None),
     )
 
 
 def step_of(piece: Piece) -> Answer:
-    """A piece as the answer columns of one streamed v2 response: its new text and logprobs, its
-    finish reason ("" before the last) and the completion tokens so far."""
-    return Answer(piece.text, piece.finish_reason or "", piece.completion_tokens, logprobs=piece.logprobs)
+    """A piece as the answer columns of one streamed v2 response: its new text and logprobs (and the
+    prompt's, on the first), its finish reason ("" before the last) and the completion tokens so far."""
+    return Answer(piece.text, piece.finish_reason or "", piece.completion_tokens, logprobs=piece.logprobs,
+                  prompt_logprobs=piece.prompt_logprobs)  # fmt: skip
 
 
 def whole_piece(answer: Answer) -> Piece:
     """An answer as the one piece of a generation (a unary generation, a peer replica's answer)."""
     return Piece(answer.text, answer.finish_reason or None, answer.completion_tokens,
-                 answer.prompt_tokens, answer.model_revision, answer.logprobs)  # fmt: skip
+                 answer.prompt_tokens, answer.model_revision, answer.logprobs,
+                 answer.prompt_logprobs)  # fmt: skip
 
 
 # Replayed hits arrive as word-sized pieces, like a generation would.

@@ -135,14 +135,16 @@ class CompletionFormatter(Formatter):
             [a.finish_reason for a in answers],
             sum(a.prompt_tokens for a in answers[:: self.n]),
             sum(a.completion_tokens for a in answers),
-            [self.logprobs.of(i, a.logprobs) for i, a in enumerate(answers)],
-        )
+            [self.logprobs.of(i, self.echo.logprobs(a.prompt_logprobs, a.logprobs))
+             for i, a in enumerate(answers)],
+        )  # fmt: skip
 
     def piece(self, piece: Piece, index: int) -> list[Any]:
         so_far = self.usage_report.so_far(piece.prompt_tokens, piece.completion_tokens)
+        logprobs = self.echo.piece_logprobs(index, piece.prompt_logprobs, piece.logprobs)
         text = self.echo.piece(index, piece.text)
         return [oa.completion_chunk(self.rid, self.model, self.created, index, text, piece.finish_reason,
-                                    so_far, self.logprobs.of(index, piece.logprobs))]  # fmt: skip
+                                    so_far, self.logprobs.of(index, logprobs))]  # fmt: skip
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> Any:
         return oa.completion_usage_chunk(self.rid, self.model, self.created, prompt_tokens,

@@ -223,6 +223,7 @@ class _SamplingFields(EncodableRequest):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
             "logprobs": self.logprobs_asked(),
+            "prompt_logprobs": self.prompt_logprobs_asked(),
             "structured_outputs": self.structured(),
             "logit_bias": self.logit_bias,
             "stream_interval": self.stream_interval,
@@ -250,6 +251,10 @@ class _SamplingFields(EncodableRequest):
 
     def logprobs_asked(self) -> int | None:
         """How many most likely tokens to report beside each generated one; None: no logprobs."""
+        return None
+
+    def prompt_logprobs_asked(self) -> int | None:
+        """The same for each prompt token; None: none."""
         return None
 
     def check_choices(self, prompts: int, max_batch_size: int) -> None:
@@ -284,6 +289,9 @@ def _prompt_schema(schema: dict[str, Any]) -> None:
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] = Field(json_schema_extra=_prompt_schema)
+    # 0 only with echo: the prompt's logprobs alone, nothing generated (vLLM's "echo without
+    # generation", how evaluation harnesses score a text).
+    max_tokens: int | None = Field(None, json_schema_extra={"minimum": 0})
     echo: bool | None = False  # vLLM takes null as false
     # The most likely tokens to report beside each generated one (0: its own logprob only).
     logprobs: int | None = Field(None, json_schema_extra={"minimum": 0, "maximum": MAX_LOGPROBS})
@@ -310,15 +318,26 @@ class CompletionRequest(_SamplingFields):
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
     def echoes(self) -> Echo:
-        return Echo(self.prompts if self.echo else None, self.n)
+        return Echo(self.prompts if self.echo else None, self.n, generates=not self._echo_only)
+
+    @property
+    def _echo_only(self) -> bool:
+        return bool(self.echo) and self.max_tokens == 0
+
+    def effective_max_tokens(self) -> int | None:
+        # As vLLM: echo without generation still runs one step (the prompt's logprobs come with
+        # it); the token it makes is left out of the choice.
+        return 1 if self._echo_only else self.max_tokens
 
     def logprobs_asked(self) -> int | None:
         return self.logprobs
 
+    def prompt_logprobs_asked(self) -> int | None:
+        # Echoed text reports its prompt's tokens too, with as many alternatives (vLLM's rule).
+        return self.logprobs if self.echo else None
+
     def unsupported(self) -> None:
         super().unsupported()
-        if self.echo and self.logprobs is not None:
-            raise BadRequest("echo with logprobs is not supported (it needs the prompt's logprobs)", "echo")
         if self.suffix:
             raise BadRequest("suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
@@ -327,21 +346,44 @@ class CompletionRequest(_SamplingFields):
 
 class Echo:
     """vLLM's `echo` for completions: each choice's text starts with its prompt (choice i answers
-    prompt i // n); streamed, the prompt comes with the choice's first piece. Not an answer's part:
-    the cache stores answers without it."""
+    prompt i // n), and its logprobs, when asked for, with the prompt's tokens'; streamed, the
+    prompt comes with the choice's first piece. With `generates` False (max_tokens 0) the choice is
+    the prompt alone. Not an answer's part: the cache stores answers without it."""
 
-    def __init__(self, prompts: list[str] | None, n: int) -> None:
+    def __init__(self, prompts: list[str] | None, n: int, generates: bool = True) -> None:
         self.prompts, self.n = prompts, n  # prompts None: no echo
+        self.generates = generates
         self._echoed: set[int] = set()
 
     def whole(self, index: int, text: str) -> str:
-        return text if self.prompts is None else self.prompts[index // self.n] + text
+        if self.prompts is None:
+            return text
+        return self.prompts[index // self.n] + (text if self.generates else "")
+
+    def logprobs(self, prompt: Logprobs | None, generated: Logprobs | None) -> Logprobs | None:
+        """A whole choice's logprobs: the prompt's (when echoed) then the generated tokens'."""
+        if self.prompts is None or prompt is None:
+            return generated
+        return prompt + (generated or ()) if self.generates else prompt
 
     def piece(self, index: int, text: str) -> str:
-        if self.prompts is None or index in self._echoed:
+        if self.prompts is None:
             return text
+        if index in self._echoed:
+            return text if self.generates else ""
         self._echoed.add(index)
         return self.whole(index, text)
+
+    def piece_logprobs(
+        self, index: int, prompt: Logprobs | None, generated: Logprobs | None
+    ) -> Logprobs | None:
+        """A piece's logprobs, called before `piece` for the same piece: the prompt's ride with
+        the choice's first."""
+        if self.prompts is None:
+            return generated
+        if index in self._echoed:
+            return generated if self.generates else None
+        return self.logprobs(prompt, generated)
 
 
 class TextPart(BaseModel):
@@ -704,6 +746,10 @@ def _logprob(value: float) -> float:
     return max(value, _LOWEST_LOGPROB)
 
 
+def _maybe_logprob(value: float | None) -> float | None:
+    return None if value is None else _logprob(value)
+
+
 def chat_logprobs(logprobs: Logprobs) -> ChoiceLogprobs:
     """Tokens' logprobs as a chat choice (or chunk) reports them."""
 
@@ -726,9 +772,10 @@ def completion_logprobs(logprobs: Logprobs, offset: int = 0) -> CompletionLogpro
         offset += len(t.token)
     return CompletionLogprobs(
         text_offset=offsets,
-        token_logprobs=[_logprob(t.logprob) for t in logprobs],
+        token_logprobs=[_maybe_logprob(t.logprob) for t in logprobs],
         tokens=[t.token for t in logprobs],
-        top_logprobs=[{a: _logprob(lp) for a, lp in t.top} for t in logprobs],
+        # A prompt's first token has neither (vLLM reports null for both).
+        top_logprobs=[None if t.logprob is None else {a: _logprob(lp) for a, lp in t.top} for t in logprobs],
     )
 
 

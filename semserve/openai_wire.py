@@ -36,9 +36,10 @@ class CompletionLogprobs(_Wire):
     """openai.types.completion_choice.Logprobs."""
 
     text_offset: list[int] | None = None
-    token_logprobs: list[float] | None = None
+    # None at an echoed prompt's first token, which nothing predicts (as vLLM reports it).
+    token_logprobs: list[float | None] | None = None
     tokens: list[str] | None = None
-    top_logprobs: list[dict[str, float]] | None = None
+    top_logprobs: list[dict[str, float] | None] | None = None
 
 
 class CompletionChoice(_Wire):

@@ -40,10 +40,18 @@ class SamplingOptions:
     # How many most likely tokens to report beside each generated one (0: its own logprob only);
     # None: no logprobs. Not part of any cache key: requests for logprobs bypass the cache.
     logprobs: int | None = None
+    # The same for each prompt token (vLLM's prompt_logprobs; what completions' echo with logprobs
+    # reports); None: none. Not part of any cache key either: such requests bypass the cache.
+    prompt_logprobs: int | None = None
     # vLLM's stream_interval: a streamed answer's chunks after the first carry at least this many
     # tokens (semserve/stream_interval.py); None: the server's --stream-interval. How the answer
     # is delivered, not what it is: part of no cache key.
     stream_interval: int | None = None
+
+    @property
+    def reports_logprobs(self) -> bool:
+        """Whether the answer reports logprobs (its own or its prompt's): no cache entry keeps them."""
+        return self.logprobs is not None or self.prompt_logprobs is not None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -88,9 +96,9 @@ ADJUSTMENT_DEFAULTS: dict[str, Adjustment] = {
 }
 SAMPLING_KEYS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", *ADJUSTMENT_DEFAULTS,
-    "logprobs", "stream_interval",
+    "logprobs", "prompt_logprobs", "stream_interval",
 )
-_INTEGERS = ("max_tokens", "top_k", "seed", "min_tokens", "logprobs", "stream_interval")
+_INTEGERS = ("max_tokens", "top_k", "seed", "min_tokens", "logprobs", "prompt_logprobs", "stream_interval")
 # vLLM's default --max-logprobs, and OpenAI's limit.
 MAX_LOGPROBS = 20
 _FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
@@ -277,6 +285,9 @@ def check(opts: SamplingOptions) -> None:
         raise BadRequest(f"min_p must be in [0, 1], got {opts.min_p}", "min_p")
     if opts.logprobs is not None and not 0 <= opts.logprobs <= MAX_LOGPROBS:
         raise BadRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {opts.logprobs}", "logprobs")
+    if opts.prompt_logprobs is not None and not 0 <= opts.prompt_logprobs <= MAX_LOGPROBS:
+        name = "prompt_logprobs"
+        raise BadRequest(f"{name} must be in [0, {MAX_LOGPROBS}], got {opts.prompt_logprobs}", name)
     if opts.stream_interval is not None and not 1 <= opts.stream_interval <= MAX_STREAM_INTERVAL:
         name = "stream_interval"
         raise BadRequest(f"{name} must be in [1, {MAX_STREAM_INTERVAL}], got {opts.stream_interval}", name)

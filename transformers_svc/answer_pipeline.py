@@ -168,7 +168,7 @@ class AnswerPipeline:
     def mode(self, ctx: RequestContext) -> CacheMode:
         if self.cache is None or self.settings.cache_policy == "off":
             return NO_CACHE
-        if ctx.sampling.logprobs is not None:
+        if ctx.sampling.reports_logprobs:
             return NO_CACHE  # entries keep no logprobs, and a hit has no tokens to report them for
         # Sampled answers are one draw of many; serving it again would fake determinism.
         deterministic = ctx.sampling.temperature == 0 or ctx.sampling.seed is not None

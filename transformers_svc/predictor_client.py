@@ -274,7 +274,7 @@ class PredictorClient:
                     finished = bool(tensors.plain_parameters(message.infer_response.parameters).get(
                         v2.FINAL_RESPONSE
                     ))
-                    if piece.text or piece.finish_reason or piece.logprobs:
+                    if piece.text or piece.finish_reason or piece.logprobs or piece.prompt_logprobs:
                         pieces += 1
                         self._answered()
                         yield piece
@@ -343,6 +343,7 @@ def _piece(response: pb.ModelInferResponse) -> Piece:
         prompt_tokens=int(params.get(v2.PROMPT_TOKENS) or 0),
         model_revision=str(revision) if revision else None,
         logprobs=result.logprobs,
+        prompt_logprobs=result.prompt_logprobs,
     )
 
 

@@ -42,6 +42,9 @@ COMPLETION_TOKENS = "completion_tokens"
 # Only with the `logprobs` parameter: per answer, the JSON list of its tokens' logprobs, each
 # [token, logprob, [[alternative, logprob], ...]] (semserve.answer.TokenLogprob).
 LOGPROBS_OUTPUT = "logprobs"
+# Only with the `prompt_logprobs` parameter: per answer, the same list for its prompt's tokens, the
+# first with a null logprob (nothing predicts it). On a stream, in the first response only.
+PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
 # Response parameter (string): the model revision that produced the answer, when the predictor has
 # one (--model-revision); the transformer does not cache answers of another revision than its own.
 MODEL_REVISION = "model_revision"
@@ -64,6 +67,7 @@ OUTPUTS_METADATA: list[dict[str, Any]] = [
     {"name": FINISH_REASON, "datatype": "BYTES", "shape": [-1]},
     {"name": COMPLETION_TOKENS, "datatype": "INT32", "shape": [-1]},
     {"name": LOGPROBS_OUTPUT, "datatype": "BYTES", "shape": [-1]},
+    {"name": PROMPT_LOGPROBS_OUTPUT, "datatype": "BYTES", "shape": [-1]},
 ]
 
 
@@ -272,9 +276,10 @@ def build_response(
         InferOutput(FINISH_REASON, [batch], "BYTES", [r.finish_reason for r in results]),
         InferOutput(COMPLETION_TOKENS, [batch], "INT32", [int(r.completion_tokens) for r in results]),
     ]
-    if any(r.logprobs is not None for r in results):
-        values = [json.dumps([t.to_json() for t in r.logprobs or ()]) for r in results]
-        outputs.append(InferOutput(LOGPROBS_OUTPUT, [batch], "BYTES", values))
+    for name, of in ((LOGPROBS_OUTPUT, _own_logprobs), (PROMPT_LOGPROBS_OUTPUT, _prompt_logprobs)):
+        if any(of(r) is not None for r in results):
+            values = [json.dumps([t.to_json() for t in of(r) or ()]) for r in results]
+            outputs.append(InferOutput(name, [batch], "BYTES", values))
     for name, values in (extra_outputs or {}).items():
         outputs.append(InferOutput(name, [len(values)], "BYTES", list(values)))
     return InferResponse(
@@ -283,6 +288,14 @@ def build_response(
         infer_outputs=outputs,
         parameters=parameters,
     )
+
+
+def _own_logprobs(answer: Answer) -> Logprobs | None:
+    return answer.logprobs
+
+
+def _prompt_logprobs(answer: Answer) -> Logprobs | None:
+    return answer.prompt_logprobs
 
 
 def read_response(response: InferResponse) -> list[Answer]:
@@ -307,21 +320,22 @@ def results_from_columns(column: Callable[[str], list[Any] | None]) -> list[Answ
     def text(v: Any) -> str:
         return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
-    def logprobs(v: Any) -> Logprobs:
+    def logprobs(name: str) -> list[Logprobs | None]:
+        reported = column(name)
+        if not reported:
+            return [None] * len(texts)
         try:
-            return tuple(TokenLogprob.from_json(t) for t in json.loads(text(v)))
+            return [tuple(TokenLogprob.from_json(t) for t in json.loads(text(v))) for v in reported]
         except (TypeError, ValueError) as exc:  # json's errors are ValueErrors
-            message = f"predictor response's {LOGPROBS_OUTPUT} is unreadable: {exc}"
-            raise BadRequest(message, LOGPROBS_OUTPUT) from None
+            raise BadRequest(f"predictor response's {name} is unreadable: {exc}", name) from None
 
     texts = required(TEXT_OUTPUT)
     reasons = required(FINISH_REASON) or [""] * len(texts)
     tokens = required(COMPLETION_TOKENS) or [0] * len(texts)
-    reported = column(LOGPROBS_OUTPUT)
-    per_answer = [logprobs(v) for v in reported] if reported else [None] * len(texts)
+    own, of_prompt = logprobs(LOGPROBS_OUTPUT), logprobs(PROMPT_LOGPROBS_OUTPUT)
     return [
-        Answer(text(t), text(r), int(n), logprobs=lp)
-        for t, r, n, lp in zip(texts, reasons, tokens, per_answer, strict=True)
+        Answer(text(t), text(r), int(n), logprobs=lp, prompt_logprobs=plp)
+        for t, r, n, lp, plp in zip(texts, reasons, tokens, own, of_prompt, strict=True)
     ]
 
 

@@ -221,6 +221,48 @@ def test_completion_echo(client: openai.OpenAI) -> None:
     assert streamed == [c.text for c in echoed.choices]
 
 
+def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI) -> None:
+    # lm-evaluation-harness's loglikelihood request (its local-completions model): echo, logprobs
+    # 1, max_tokens 1, temperature 0, and a batch of prompts. It reads each prompt token's logprob.
+    texts = ["The capital of France is Paris", "The capital of Italy is Rome"]
+    scored = client.completions.create(model="llm", prompt=texts, temperature=0, max_tokens=1, logprobs=1,
+                                       echo=True)  # fmt: skip
+    alone = [client.completions.create(model="llm", prompt=t, temperature=0, max_tokens=0, echo=True,
+                                       logprobs=1) for t in texts]  # fmt: skip
+    for text, choice, only in zip(texts, scored.choices, alone, strict=True):
+        lp, n = choice.logprobs, only.usage.prompt_tokens
+        assert len(lp.tokens) == n + 1, lp  # the prompt's tokens, then the one generated
+        assert "".join(lp.tokens[:n]) == text and choice.text == text + lp.tokens[n]
+        # Nothing predicts the first token: null, as vLLM reports it.
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert all(x < 0 for x in lp.token_logprobs[1:]) and all(len(t) == 1 for t in lp.top_logprobs[1:])
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(n + 1)]
+        # max_tokens 0: the prompt alone, the same logprobs (vLLM counts the one step it ran).
+        assert only.choices[0].text == text and only.choices[0].logprobs.tokens == lp.tokens[:n]
+        assert only.choices[0].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:n], abs=0.05)
+        assert only.usage.completion_tokens == 1
+    assert scored.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    # A prompt token scores as a generation scored it: " Paris" after "The capital of France is".
+    context = texts[0].removesuffix(" Paris")
+    made = client.completions.create(model="llm", prompt=context, temperature=0, max_tokens=1, logprobs=1)
+    made_lp = made.choices[0].logprobs
+    assert made_lp.tokens == [" Paris"] and scored.choices[0].logprobs.tokens[-2] == " Paris"
+    assert scored.choices[0].logprobs.token_logprobs[-2] == pytest.approx(made_lp.token_logprobs[0], abs=0.05)
+    # Streamed: the prompt's tokens in the first chunk, then each chunk its own, offsets running on.
+    chunks = list(client.completions.create(model="llm", prompt=context, temperature=0, max_tokens=3,
+                                            logprobs=1, echo=True, stream=True))  # fmt: skip
+    whole = client.completions.create(model="llm", prompt=context, temperature=0, max_tokens=3, logprobs=1,
+                                      echo=True).choices[0]  # fmt: skip
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert streamed[0].tokens[:5] == ["The", " capital", " of", " France", " is"]
+    assert [t for s in streamed for t in s.tokens] == whole.logprobs.tokens
+    assert [o for s in streamed for o in s.text_offset] == whole.logprobs.text_offset
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    # max_tokens 0 without echo generates nothing and reports nothing: a 400, as before.
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be > 0"):
+        client.completions.create(model="llm", prompt=context, max_tokens=0)
+
+
 def test_vllm_s_stop_extensions(client: openai.OpenAI) -> None:
     from transformers import AutoTokenizer
 

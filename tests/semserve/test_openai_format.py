@@ -66,3 +66,37 @@ def test_logprobs_whole_and_streamed() -> None:
     # Not asked for: no logprobs field filled.
     assert CompletionFormatter("llm", "c", 1, oa.UsageReport(), oa.Echo(None, 1)).whole(
         [Answer("x", "stop", 1, 1)]).choices[0].logprobs is None
+
+
+def test_echo_with_logprobs_reports_the_prompts_tokens_first() -> None:
+    # vLLM's echo with logprobs: the prompt's tokens, the first with null logprob and top_logprobs
+    # (nothing predicts it), then the generated ones; text offsets over the echoed text.
+    prompt = (TokenLogprob("The", None), TokenLogprob(" sky", -3.25, ((" sky", -3.25), (" end", -2.0))))
+    blue = (TokenLogprob(" is", -0.5, ((" is", -0.5),)),)
+    answer = Answer(" is", "length", 1, 2, logprobs=blue, prompt_logprobs=prompt)
+    whole = CompletionFormatter("llm", "cmpl-1", 1, oa.UsageReport(), oa.Echo(["The sky"], 1)).whole([answer])
+    [choice] = whole.choices
+    assert choice.text == "The sky is"
+    assert choice.logprobs.tokens == ["The", " sky", " is"]
+    assert choice.logprobs.token_logprobs == [None, -3.25, -0.5]
+    assert choice.logprobs.top_logprobs == [None, {" sky": -3.25, " end": -2.0}, {" is": -0.5}]
+    assert choice.logprobs.text_offset == [0, 3, 7]
+    assert whole.usage.prompt_tokens == 2 and whole.usage.completion_tokens == 1
+    # max_tokens 0 (echo without generation): the prompt alone, text and logprobs; vLLM still
+    # counts the one step it ran.
+    only = CompletionFormatter("llm", "cmpl-2", 1, oa.UsageReport(), oa.Echo(["The sky"], 1, generates=False))
+    [choice] = only.whole([answer]).choices
+    assert (choice.text, choice.logprobs.tokens) == ("The sky", ["The", " sky"])
+    # Streamed: the prompt's tokens ride with the choice's first piece, then each piece its own.
+    stream = CompletionFormatter("llm", "cmpl-3", 1, oa.UsageReport(), oa.Echo(["The sky"], 1))
+    [first] = stream.piece(Piece(" is", None, 1, 2, logprobs=blue, prompt_logprobs=prompt), 0)
+    [then] = stream.piece(Piece(" blue", "length", 2, 2, logprobs=(TokenLogprob(" blue", -1.0),)), 0)
+    assert first.choices[0].text == "The sky is" and then.choices[0].text == " blue"
+    assert first.choices[0].logprobs.token_logprobs == [None, -3.25, -0.5]
+    assert (first.choices[0].logprobs.text_offset, then.choices[0].logprobs.text_offset) == ([0, 3, 7], [10])
+    streamed_only = CompletionFormatter("llm", "cmpl-4", 1, oa.UsageReport(), oa.Echo(["The sky"], 1, False))
+    [first] = streamed_only.piece(Piece(" is", None, 1, 2, logprobs=blue, prompt_logprobs=prompt), 0)
+    [last] = streamed_only.piece(Piece(" blue", "length", 2, 2, logprobs=blue), 0)
+    assert (first.choices[0].text, first.choices[0].logprobs.tokens) == ("The sky", ["The", " sky"])
+    assert (last.choices[0].text, last.choices[0].logprobs) == ("", None)
+    assert last.choices[0].finish_reason == "length"

@@ -80,6 +80,9 @@ def test_adjustments_parsed(params: dict[str, Any], adjusted: dict[str, Any]) ->
         ({"stream_interval": 2.5}, "stream_interval", "stream_interval must be an integer"),
         ({"stream_interval": True}, "stream_interval", "stream_interval must be a number, got bool"),
         ({"stream_interval": "often"}, "stream_interval", "stream_interval must be a number, got 'often'"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs must be in [0, 20], got 21"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs", "prompt_logprobs must be in [0, 20], got -1"),
+        ({"prompt_logprobs": "all"}, "prompt_logprobs", "prompt_logprobs must be a number, got 'all'"),
     ],
 )
 def test_out_of_range_is_a_400_naming_the_field(params: dict[str, Any], field: str, message: str) -> None:
@@ -140,3 +143,12 @@ def test_stream_interval_parsed_and_adjusts_nothing(raw: Any, parsed: int | None
     options = parse_sampling({"stream_interval": raw})
     assert options.stream_interval == parsed
     assert options.adjustments() == {}
+
+
+def test_prompt_logprobs_are_reported_not_keyed() -> None:
+    # What is reported beside the answer, like logprobs: no adjustment, and such an answer is
+    # never cached (reports_logprobs is what the transformer bypasses on).
+    options = parse_sampling({"prompt_logprobs": "3"})
+    assert options.prompt_logprobs == 3 and options.adjustments() == {}
+    assert options.reports_logprobs and parse_sampling({"logprobs": 0}).reports_logprobs
+    assert not SamplingOptions().reports_logprobs

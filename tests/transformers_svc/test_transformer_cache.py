@@ -435,6 +435,37 @@ def test_logprobs_pass_through_and_bypass_the_cache(transformer: Transformer, pr
     assert len(tokens) == outputs["completion_tokens"][0] and all(len(t[2]) == 1 for t in tokens)
 
 
+def test_echo_with_logprobs_passes_through_and_bypasses_the_cache(
+    transformer: Transformer, predictor: Predictor
+) -> None:
+    # lm-evaluation-harness's loglikelihood request: the prompt's logprobs come from the predictor
+    # (gRPC, a column of their own) as the predictor reports them to a client of its own.
+    client = openai.OpenAI(base_url=transformer.openai_base, api_key="unused", max_retries=0)
+    direct = openai.OpenAI(base_url=predictor.openai_base, api_key="unused", max_retries=0)
+    ask = {"model": "llm", "prompt": unique("The capital of France is Paris"), "temperature": 0,
+           "max_tokens": 1, "logprobs": 1, "echo": True}  # fmt: skip
+    before = generations(predictor)
+    raw = client.completions.with_raw_response.create(**ask)
+    assert raw.headers["x-semserve-cache"] == "bypass" and generations(predictor) == before + 1
+    got, own = raw.parse().choices[0], direct.completions.create(**ask).choices[0]
+    assert got.text == own.text and got.text.startswith(ask["prompt"])
+    assert got.logprobs.tokens == own.logprobs.tokens and got.logprobs.text_offset == own.logprobs.text_offset
+    assert got.logprobs.token_logprobs[0] is None and got.logprobs.top_logprobs[0] is None
+    assert got.logprobs.token_logprobs[1:] == pytest.approx(own.logprobs.token_logprobs[1:], abs=0.05)
+    # max_tokens 0 and streamed, over the predictor's ModelStreamInfer.
+    only = client.completions.create(**{**ask, "max_tokens": 0}).choices[0]
+    assert only.text == ask["prompt"] and only.logprobs.tokens == got.logprobs.tokens[:-1]
+    chunks = list(client.completions.create(**{**ask, "max_tokens": 3}, stream=True))
+    streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert streamed[: len(got.logprobs.tokens)] == got.logprobs.tokens
+    assert len(streamed) == len(got.logprobs.tokens) + 2
+    # v2: the `prompt_logprobs` parameter, the `prompt_logprobs` output (JSON per answer).
+    outputs = out(v2(transformer, [ask["prompt"]], max_tokens=1, prompt_logprobs=1))
+    assert outputs["cache_status"] == ["bypass"] and "logprobs" not in outputs
+    [tokens] = [json.loads(v) for v in outputs["prompt_logprobs"]]
+    assert [t[0] for t in tokens] == got.logprobs.tokens[:-1] and tokens[0][1] is None
+
+
 def test_structured_outputs_through_the_cache(transformer: Transformer, predictor: Predictor) -> None:
     q = unique("What is the capital of France? Answer in JSON.")
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],

@@ -8,7 +8,7 @@ import pytest
 from kserve import InferInput, InferRequest
 
 from semserve import v2
-from semserve.answer import Answer
+from semserve.answer import Answer, TokenLogprob
 from semserve.errors import BadRequest
 
 
@@ -54,6 +54,22 @@ def test_response_round_trip() -> None:
     results = [Answer("hi", "stop", 1), Answer("yo", "length", 4)]
     resp = v2.build_response("llm", "id1", results)
     assert v2.read_response(resp) == results
+
+
+def test_prompt_logprobs_round_trip_in_a_column_of_their_own() -> None:
+    # The prompt's first token has no logprob: null in the JSON, None again when read back.
+    prompt = (TokenLogprob("The", None), TokenLogprob(" sky", -3.5, ((" sky", -3.5),)))
+    results = [Answer(" is", "length", 1, logprobs=(TokenLogprob(" is", -0.25),), prompt_logprobs=prompt),
+               Answer("", "length", 1, prompt_logprobs=prompt[:1])]  # fmt: skip
+    resp = v2.build_response("llm", "id1", results)
+    names = [o.name for o in resp.outputs]
+    assert names[-2:] == ["logprobs", "prompt_logprobs"]
+    assert json.loads(resp.get_output_by_name("prompt_logprobs").data[1]) == [["The", None, []]]
+    second = Answer("", "length", 1, logprobs=(), prompt_logprobs=prompt[:1])  # the column is there: ()
+    assert v2.read_response(resp) == [results[0], second]
+    # Asked through a parameter, as vLLM names it; never a cache key (semserve.sampling).
+    r = v2.parse_request(req([InferInput("text_input", [1], "BYTES", ["a"])], prompt_logprobs=2), 8)
+    assert r.sampling.prompt_logprobs == 2
 
 
 def _chat(**fields: object) -> str:
