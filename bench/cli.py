@@ -160,6 +160,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     fairness.add_arguments(fair)
     fair.set_defaults(func=_main_of("fairness"))
 
+    from bench.lm_eval_parity import parse_target
+
+    lm = bench_sub.add_parser(
+        "lm-eval",
+        help="lm-evaluation-harness's loglikelihood tasks against running servers (echo with logprobs), "
+        "each request's loglikelihood against the first target's (vLLM's own server)",
+    )
+    lm.add_argument("--target", action="append", type=parse_target, required=True, metavar="NAME=URL",
+                    help="a completions URL (repeatable); the first is the reference")  # fmt: skip
+    lm.add_argument("--tasks", default="semserve_capitals", help="comma-separated lm-eval tasks")
+    lm.add_argument("--lm-eval", default="lm_eval", help="the lm_eval command (default: on PATH)")
+    lm.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the prepared SmolLM2)")
+    lm.add_argument("--concurrent", type=int, default=1, help="lm-eval's num_concurrent")
+    lm.add_argument("--output", default=None, help="append the markdown table to this file")
+    lm.set_defaults(func=_main_of("lm_eval_parity"))
+
 
 def _main_of(module: str) -> Callable[[argparse.Namespace], int]:
     """`bench.<module>.main`, imported only when that bench runs (each pulls in heavy libraries)."""

@@ -136,6 +136,9 @@ _NOT_HONOURED: dict[str, Any] = {
 }
 
 
+# What to ask instead, where something here gives the same.
+_INSTEAD = {"prompt_logprobs": " (completions report a prompt's logprobs with echo and logprobs)"}
+
 # vLLM's older names of its structured-outputs constraints.
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -199,7 +202,8 @@ class _SamplingFields(EncodableRequest):
             raise BadRequest(f"n must be >= 1, got {self.n}", "n")
         for name, value in (self.model_extra or {}).items():
             if name in _NOT_HONOURED and value not in (None, _NOT_HONOURED[name]):
-                raise BadRequest(f"{name} is not supported by this model server", name)
+                hint = _INSTEAD.get(name, "")
+                raise BadRequest(f"{name} is not supported by this model server{hint}", name)
         if self.stream_options is not None and not self.stream:
             raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
 

@@ -258,6 +258,10 @@ def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI) -> None:
     assert [t for s in streamed for t in s.tokens] == whole.logprobs.tokens
     assert [o for s in streamed for o in s.text_offset] == whole.logprobs.text_offset
     assert "".join(c.choices[0].text for c in chunks) == whole.text
+    # vLLM's own prompt_logprobs field (keyed by token ids) is not served; the 400 says what is.
+    with pytest.raises(openai.BadRequestError, match="with echo and logprobs"):
+        client.completions.create(model="llm", prompt=context, max_tokens=1,
+                                  extra_body={"prompt_logprobs": 1})  # fmt: skip
     # max_tokens 0 without echo generates nothing and reports nothing: a 400, as before.
     with pytest.raises(openai.BadRequestError, match="max_tokens must be > 0"):
         client.completions.create(model="llm", prompt=context, max_tokens=0)
