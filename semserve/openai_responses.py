@@ -30,6 +30,7 @@ from semserve.openai_protocol import (
     validation_error,
 )
 from semserve.openai_tools import CalledFunction, FunctionSpec, ToolCallMessage
+from semserve.openai_wire import ChoiceLogprobs
 from semserve.responses_wire import (
     IncompleteDetails,
     InputTokensDetails,
@@ -51,11 +52,15 @@ from semserve.responses_wire import (
     ResponseTextDoneEvent,
     ResponseUsage,
 )
+from semserve.sampling import MAX_LOGPROBS
 
 _TEXT_PARTS = ("input_text", "output_text")
 _ITEMS = ("message", "function_call", "function_call_output")
 # Chat fields with a Responses field of their own (or none: one response has one answer).
 _CHAT_ONLY = ("messages", "n", "max_tokens", "max_completion_tokens", "response_format", "logprobs")
+# The one `include` this server serves: each output token's logprob (with `top_logprobs`
+# alternatives), as the chat's logprobs.
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 class InputTextPart(BaseModel):
@@ -230,11 +235,12 @@ class ResponsesRequest(EncodableRequest):
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
             message = f"max_output_tokens must be >= 1, got {self.max_output_tokens}"
             raise BadRequest(message, "max_output_tokens")
-        if self.include:
-            raise BadRequest(f"include {self.include[0]!r} is not supported", "include")
-        if self.top_logprobs:
-            raise BadRequest("top_logprobs is not supported on /v1/responses (ask /v1/chat/completions)",
-                             "top_logprobs")
+        other = [i for i in self.include or [] if i != LOGPROBS_INCLUDE]
+        if other:
+            raise BadRequest(f"include {other[0]!r} is not supported (only {LOGPROBS_INCLUDE!r})", "include")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            message = f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}"
+            raise BadRequest(message, "top_logprobs")
         if self.truncation == "auto":
             raise BadRequest("truncation 'auto' is not supported: an input past the context is a 400",
                              "truncation")
@@ -244,6 +250,11 @@ class ResponsesRequest(EncodableRequest):
         for i, m in enumerate(self.messages()):
             if "\x00" in m.text:
                 raise BadRequest(f"input contains a NUL character (message {i})", "input")
+
+    @property
+    def reports_logprobs(self) -> bool:
+        # top_logprobs alone reports nothing, as in vLLM: the include asks for them.
+        return LOGPROBS_INCLUDE in (self.include or [])
 
     def messages(self) -> list[ChatMessage]:
         """The chat's messages: the instructions, then the input items in order; consecutive
@@ -286,6 +297,8 @@ class ResponsesRequest(EncodableRequest):
             "stream_options": {"include_usage": True} if self.stream else None,
             "user": self.user,
         }
+        if self.reports_logprobs:
+            chat |= {"logprobs": True, "top_logprobs": self.top_logprobs or 0}
         for own in _CHAT_ONLY:
             if own in (self.model_extra or {}):
                 raise BadRequest(f"{own} is a chat completions field: /v1/responses does not take it", own)
@@ -403,12 +416,23 @@ def response_of(shape: ResponseShape, chat: ChatCompletion) -> Response:
     ]  # fmt: skip
     incomplete = choice.finish_reason == "length"
     if not output:
-        text = ResponseOutputText(annotations=[], text=choice.message.content or "", type="output_text")
+        text = ResponseOutputText(annotations=[], text=choice.message.content or "", type="output_text",
+                                  logprobs=_logprobs(choice.logprobs) if shape.req.reports_logprobs else None)
         output.append(ResponseOutputMessage(id=_item_id("msg"), content=[text], role="assistant",
                                             status="incomplete" if incomplete else "completed",
                                             type="message"))  # fmt: skip
     usage = _usage(chat.usage.prompt_tokens, chat.usage.completion_tokens) if chat.usage else None
     return shape.response("incomplete" if incomplete else "completed", output, usage)
+
+
+def _logprobs(chat: ChoiceLogprobs | None) -> list[dict[str, Any]]:
+    """A chat's logprobs as a response's output text reports them (openai's Logprob)."""
+    return [
+        {"token": t.token, "bytes": t.bytes or list(t.token.encode()), "logprob": t.logprob,
+         "top_logprobs": [{"token": a.token, "bytes": a.bytes or list(a.token.encode()), "logprob": a.logprob}
+                          for a in t.top_logprobs]}
+        for t in (chat.content or [] if chat is not None else [])
+    ]  # fmt: skip
 
 
 class ResponseEvents:
@@ -425,6 +449,9 @@ class ResponseEvents:
         self._calls: dict[int, ResponseFunctionToolCall] = {}  # calls being written, by chunk index
         self._usage: ResponseUsage | None = None
         self._incomplete = False
+        # Logprobs of tokens whose text has not come yet (a character split over tokens): they
+        # ride with the next text delta.
+        self._pending: list[dict[str, Any]] = []
 
     def _n(self) -> int:
         self._seq += 1
@@ -472,6 +499,8 @@ class ResponseEvents:
         events: list[ResponseStreamEvent] = []
         for choice in chunk.choices:
             delta = choice.delta
+            if self.shape.req.reports_logprobs:
+                self._pending += _logprobs(choice.logprobs)
             if delta.content:
                 events += self._text_piece(delta.content)
             for call in delta.tool_calls or []:
@@ -490,12 +519,18 @@ class ResponseEvents:
                                                       status="in_progress", type="message")  # fmt: skip
             self._output.append(item)
             events.append(self._item("response.output_item.added", item))
-            item.content.append(ResponseOutputText(annotations=[], text="", type="output_text"))
+            logprobs: list[Any] | None = [] if self.shape.req.reports_logprobs else None
+            item.content.append(ResponseOutputText(annotations=[], text="", type="output_text",
+                                                   logprobs=logprobs))  # fmt: skip
             events.append(self._part("response.content_part.added", item))
         if text:
-            item.content[0].text += text
+            part = item.content[0]
+            part.text += text
+            these, self._pending = self._pending, []
+            if part.logprobs is not None:
+                part.logprobs = part.logprobs + these  # a new list: events already made keep theirs
             events.append(ResponseTextDeltaEvent(
-                content_index=0, delta=text, item_id=item.id, logprobs=[],
+                content_index=0, delta=text, item_id=item.id, logprobs=these,
                 output_index=self._output.index(item), sequence_number=self._n(),
                 type="response.output_text.delta"))
         return events
@@ -520,9 +555,14 @@ class ResponseEvents:
         events: list[ResponseStreamEvent] = []
         item = self._text
         if item is not None:
+            part = item.content[0]
+            if part.logprobs is not None:
+                part.logprobs = part.logprobs + self._pending  # tokens whose text never came whole
+            self._pending = []
             events.append(ResponseTextDoneEvent(
-                content_index=0, item_id=item.id, logprobs=[], output_index=self._output.index(item),
-                sequence_number=self._n(), text=item.content[0].text, type="response.output_text.done"))
+                content_index=0, item_id=item.id, logprobs=list(part.logprobs or []),
+                output_index=self._output.index(item), sequence_number=self._n(), text=part.text,
+                type="response.output_text.done"))
             events.append(self._part("response.content_part.done", item))
             item.status = "incomplete" if self._incomplete else "completed"
             events.append(self._item("response.output_item.done", item))

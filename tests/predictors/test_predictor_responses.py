@@ -116,6 +116,25 @@ def test_what_it_cannot_do_is_a_400_naming_the_field(
     assert error["param"] == param and words in error["message"], error
 
 
+def test_logprobs_as_the_chat_reports_them(client: openai.OpenAI) -> None:
+    # OpenAI's include "message.output_text.logprobs" with top_logprobs: each output token's logprob
+    # on the output text, whole and on the stream's deltas, as the chat reports them.
+    ask = {"model": "llm", "input": QUESTION, "temperature": 0, "max_output_tokens": 8,
+           "include": ["message.output_text.logprobs"], "top_logprobs": 2}  # fmt: skip
+    whole = client.responses.create(**ask)
+    [part] = whole.output[0].content
+    assert len(part.logprobs) == whole.usage.output_tokens
+    assert "".join(t.token for t in part.logprobs) == part.text == whole.output_text
+    assert all(t.bytes == list(t.token.encode()) and 1 <= len(t.top_logprobs) <= 2 for t in part.logprobs)
+    assert all(t.logprob <= 0 and t.top_logprobs[0].logprob >= t.logprob for t in part.logprobs)
+    events = list(client.responses.create(**ask, stream=True))
+    deltas = [t.token for e in events if e.type == "response.output_text.delta" for t in e.logprobs]
+    assert deltas == [t.token for t in part.logprobs]
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert [t.token for t in done.logprobs] == deltas
+    assert client.responses.create(**{**ask, "include": []}).output[0].content[0].logprobs is None
+
+
 def test_the_document_lists_the_route(predictor: Predictor) -> None:
     paths = httpx.get(f"{predictor.http}/openapi.json", timeout=30).json()["paths"]
     body = paths["/openai/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]

@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from semserve import openai_protocol as oa
+from semserve.answer import TokenLogprob
 from semserve.errors import BadRequest
 from semserve.openai_protocol import validation_error
-from semserve.openai_responses import ResponsesRequest
+from semserve.openai_responses import ResponseEvents, ResponseShape, ResponsesRequest, response_of
 
 
 def request(**fields: Any) -> ResponsesRequest:
@@ -77,8 +79,9 @@ def test_a_stream_asks_for_usage() -> None:
     ({"background": True}, "background", "send the whole conversation"),
     ({"conversation": "conv_1"}, "conversation", "stores none"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt", "stores none"),
-    ({"include": ["message.output_text.logprobs"]}, "include", "not supported"),
-    ({"top_logprobs": 2}, "top_logprobs", "/v1/chat/completions"),
+    ({"include": ["message.output_text.logprobs", "reasoning.encrypted_content"]}, "include",
+     "'reasoning.encrypted_content' is not supported (only 'message.output_text.logprobs')"),
+    ({"top_logprobs": 21}, "top_logprobs", "top_logprobs must be in [0, 20], got 21"),
     ({"truncation": "auto"}, "truncation", "past the context"),
     ({"reasoning": {"effort": "high"}}, "reasoning", "does not reason"),
     ({"input": "a\x00b"}, "input", "NUL"),
@@ -119,3 +122,50 @@ def test_items_and_tools_this_server_has_no_use_for_are_named(fields: dict[str, 
         request(**fields)
     # The first error is what the 400 says (validation_error).
     assert words in validation_error(caught.value).message
+
+
+def test_logprobs_are_asked_by_the_include_as_the_chat_s() -> None:
+    asked = request(include=["message.output_text.logprobs"], top_logprobs=3).chat_request()
+    assert (asked.logprobs, asked.top_logprobs, asked.logprobs_asked()) == (True, 3, 3)
+    assert request(include=["message.output_text.logprobs"]).chat_request().logprobs_asked() == 0
+    # top_logprobs alone reports nothing, as in vLLM: the include asks for them.
+    assert request(top_logprobs=3).chat_request().logprobs_asked() is None
+
+
+def _chunk(text: str | None, logprobs: tuple[TokenLogprob, ...] = (), finish: str | None = None) -> Any:
+    return oa.chat_chunk("c", "llm", 0, text, finish, False, None, False,
+                         logprobs=oa.chat_logprobs(logprobs) if logprobs else None)  # fmt: skip
+
+
+async def _events(req: ResponsesRequest, chunks: list[Any]) -> list[Any]:
+    async def source() -> Any:
+        for c in chunks:
+            yield c
+
+    return [e async for e in ResponseEvents(ResponseShape(req)).events(source())]
+
+
+async def test_logprobs_ride_with_the_text_whole_and_streamed() -> None:
+    paris = TokenLogprob(" Paris", -0.25, ((" Paris", -0.25), (" Lyon", -2.0)))
+    half = TokenLogprob("\u00e9", -1.5)  # a token whose text is not whole yet: logprobs, no text
+    req = request(include=["message.output_text.logprobs"], top_logprobs=2)
+    whole = oa.chat_completion("c", "llm", 0, [" Paris"], ["stop"], 5, 1, [oa.chat_logprobs((paris,))],
+                               [[]])  # fmt: skip
+    [part] = response_of(ResponseShape(req), whole).output[0].content
+    assert part.logprobs == [{"token": " Paris", "bytes": list(b" Paris"), "logprob": -0.25, "top_logprobs": [
+        {"token": " Paris", "bytes": list(b" Paris"), "logprob": -0.25},
+        {"token": " Lyon", "bytes": list(b" Lyon"), "logprob": -2.0}]}]  # fmt: skip
+    assert response_of(ResponseShape(request()), whole).output[0].content[0].logprobs is None
+    chunks = [_chunk(" Paris", (paris,)), _chunk("", (half,)), _chunk("\u00e9t\u00e9", (), "stop")]
+    events = await _events(req, chunks)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [[t["token"] for t in d.logprobs] for d in deltas] == [[" Paris"], ["\u00e9"]]
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert [t["token"] for t in done.logprobs] == [" Paris", "\u00e9"]
+    final = events[-1].response.output[0].content[0]
+    assert final.text == " Paris\u00e9t\u00e9"
+    assert [t["token"] for t in final.logprobs] == [" Paris", "\u00e9"]
+    # Not asked: none, and the deltas' lists stay empty (openai's type requires the field).
+    plain = await _events(request(), [_chunk(" Paris", (paris,), "stop")])
+    assert [e.logprobs for e in plain if e.type == "response.output_text.delta"] == [[]]
+    assert plain[-1].response.output[0].content[0].logprobs is None

@@ -46,6 +46,21 @@ def test_a_response_is_cached_as_its_chat(transformer: Transformer, predictor: P
     assert generations(predictor) - before == 1
 
 
+def test_logprobs_pass_through_and_bypass_the_cache(transformer: Transformer, predictor: Predictor) -> None:
+    client = openai.OpenAI(base_url=transformer.openai_base, api_key="unused", max_retries=0)
+    ask = {"model": "llm", "input": f"What is the capital of France? (ref {uuid.uuid4().hex[:6]})",
+           "temperature": 0, "max_output_tokens": 6, "include": ["message.output_text.logprobs"]}  # fmt: skip
+    before = generations(predictor)
+    raw = client.responses.with_raw_response.create(**ask)
+    assert raw.headers["x-semserve-cache"] == "bypass" and generations(predictor) == before + 1
+    [part] = raw.parse().output[0].content
+    assert len(part.logprobs) == raw.parse().usage.output_tokens and part.logprobs[0].top_logprobs == []
+    streamed = client.responses.with_raw_response.create(**ask, stream=True)
+    assert streamed.headers["x-semserve-cache"] == "bypass"
+    deltas = [t for e in streamed.parse() if e.type == "response.output_text.delta" for t in e.logprobs]
+    assert len(deltas) == len(part.logprobs)
+
+
 def test_a_forced_call_is_cached_and_made_again(transformer: Transformer, predictor: Predictor) -> None:
     weather = {"type": "function", "name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
