@@ -33,7 +33,7 @@ from semserve import stream_interval, tracing
 from semserve.answer import Answer, Logprobs, Piece, TokenLogprob, answer_of
 from semserve.errors import BadRequest, Unavailable
 from semserve.logs import get_logger
-from semserve.openai_protocol import ChatPrompt
+from semserve.openai_protocol import ChatPrompt, TokenPrompt
 from semserve.sampling import SamplingOptions
 
 log = get_logger("semserve.predictor.engine")
@@ -59,6 +59,8 @@ class Prepared:
     token_ids: list[int]
     options: SamplingOptions
     params: Any
+    # A prompt given as token ids: the text they decode to (what echo shows); None for text.
+    prompt_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -242,10 +244,20 @@ class Engine:
         except Exception as exc:  # templates raise on roles or orders they don't accept
             raise BadRequest(f"messages do not fit the model's chat template: {exc}", "messages") from None
 
-    async def prepare(self, prompt: str, options: SamplingOptions, field: str = "prompt") -> Prepared:
+    async def prepare(
+        self, prompt: str | TokenPrompt, options: SamplingOptions, field: str = "prompt"
+    ) -> Prepared:
         if not self.ready:
             raise Unavailable("the engine is not ready yet")
-        ids = await self.tokens(prompt)
+        vocabulary = len(self.tokenizer)
+        if isinstance(prompt, TokenPrompt):
+            ids = list(prompt.ids)
+            outside = [t for t in ids if t >= vocabulary]
+            if outside:  # vLLM's "Token id ... is out of vocabulary", as a 400 before it is queued
+                words = f"{field} token ids {outside[:4]} are outside the vocabulary of {vocabulary} tokens"
+                raise BadRequest(words, field)
+        else:
+            ids = await self.tokens(prompt)
         n = len(ids)
         if n == 0:
             raise BadRequest(f"{field} is empty after tokenization", field)
@@ -259,14 +271,15 @@ class Engine:
                 f"of {self.max_model_len} tokens",
                 "max_tokens",
             )
-        vocabulary = len(self.tokenizer)
         for name, token_ids in (("stop_token_ids", options.stop_token_ids),
                                 ("logit_bias", [t for t, _ in options.logit_bias])):  # fmt: skip
             outside = [t for t in token_ids if t >= vocabulary]
             if outside:  # vLLM refuses them when the request is queued: a 400 before, not a 500 then
                 message = f"{name} {outside[:4]} are outside the vocabulary of {vocabulary} tokens"
                 raise BadRequest(message, name)
-        return Prepared(ids, options, self._params(options))
+        # As vLLM's server decodes token prompts for echo (special tokens kept: they were sent).
+        text = self.tokenizer.decode(ids) if isinstance(prompt, TokenPrompt) else None
+        return Prepared(ids, options, self._params(options), text)
 
     async def tokens(self, prompt: str) -> list[int]:
         """The prompt's token ids (no special tokens added: chat templates carry their own)."""
@@ -376,6 +389,7 @@ class Engine:
         )
         timing = _Timing(tracing.now_ns() if span.is_recording() else 0)
         finish_reason: str | None = None
+        first = True  # no piece yielded yet
         # A digest of the whole answer in the `generation_finished` line: it proves what this
         # engine produced for a request id (the soak checks every served answer against it)
         # without putting the answer itself in the log.
@@ -411,8 +425,10 @@ class Engine:
                     of_prompt = self._prompt_logprobs(prepared.token_ids, out.prompt_logprobs, opts)
                     if piece.text or finish or logprobs or of_prompt:
                         digest.update(piece.text.encode())
+                        # A token prompt's text rides with the first piece, as its logprobs do.
+                        prompt_text, first = (prepared.prompt_text, False) if first else (None, False)
                         yield Piece(piece.text, finish, tokens, prompt_tokens, logprobs=logprobs,
-                                    prompt_logprobs=of_prompt)  # fmt: skip
+                                    prompt_logprobs=of_prompt, prompt_text=prompt_text)  # fmt: skip
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
             # AsyncLLM.generate aborts the engine request on cancellation; we count it.

@@ -105,7 +105,8 @@ class VLLMPredictor(TextModel):
             fields = [f"{v2.CHAT_INPUT}[{i}]" for i in range(len(prompts))]
         else:
             prompts = request.prompts
-            fields = [f"{v2.TEXT_INPUT}[{i}]" for i in range(len(prompts))]
+            name = v2.TEXT_INPUT if all(isinstance(p, str) for p in prompts) else v2.IDS_INPUT
+            fields = [f"{name}[{i}]" for i in range(len(prompts))]
         prepared = [
             await self.llm.prepare(p, request.sampling, field=f) for p, f in zip(prompts, fields, strict=True)
         ]

@@ -54,6 +54,8 @@ class Answer:
     # The prompt's tokens' logprobs (vLLM's prompt_logprobs, what completions' echo reports), when
     # asked for; never cached either.
     prompt_logprobs: Logprobs | None = None
+    # A prompt given as token ids, as the text they decode to (what echo shows); None for text.
+    prompt_text: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -102,6 +104,7 @@ class Piece:
     model_revision: str | None = None  # None: the predictor reports none
     logprobs: Logprobs | None = None  # the new tokens', when asked for
     prompt_logprobs: Logprobs | None = None  # the prompt's, when asked for: on the first piece only
+    prompt_text: str | None = None  # a token-id prompt's text: on the first piece only
 
 
 def answer_of(pieces: list[Piece]) -> Answer:
@@ -117,6 +120,7 @@ def answer_of(pieces: list[Piece]) -> Answer:
         logprobs=None if all(p.logprobs is None for p in pieces)
         else tuple(t for p in pieces for t in p.logprobs or ()),
         prompt_logprobs=next((p.prompt_logprobs for p in pieces if p.prompt_logprobs is not None), None),
+        prompt_text=next((p.prompt_text for p in pieces if p.prompt_text is not None), None),
     )
 
 
@@ -124,14 +128,14 @@ def step_of(piece: Piece) -> Answer:
     """A piece as the answer columns of one streamed v2 response: its new text and logprobs (and the
     prompt's, on the first), its finish reason ("" before the last) and the completion tokens so far."""
     return Answer(piece.text, piece.finish_reason or "", piece.completion_tokens, logprobs=piece.logprobs,
-                  prompt_logprobs=piece.prompt_logprobs)  # fmt: skip
+                  prompt_logprobs=piece.prompt_logprobs, prompt_text=piece.prompt_text)  # fmt: skip
 
 
 def whole_piece(answer: Answer) -> Piece:
     """An answer as the one piece of a generation (a unary generation, a peer replica's answer)."""
     return Piece(answer.text, answer.finish_reason or None, answer.completion_tokens,
                  answer.prompt_tokens, answer.model_revision, answer.logprobs,
-                 answer.prompt_logprobs)  # fmt: skip
+                 answer.prompt_logprobs, answer.prompt_text)  # fmt: skip
 
 
 # Replayed hits arrive as word-sized pieces, like a generation would.

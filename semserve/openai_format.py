@@ -131,7 +131,7 @@ class CompletionFormatter(Formatter):
         # Prompt by prompt, its n choices together: each prompt's tokens counted once.
         return oa.completion(
             self.rid, self.model, self.created,
-            [self.echo.whole(i, a.text) for i, a in enumerate(answers)],
+            [self.echo.whole(i, a.text, a.prompt_text) for i, a in enumerate(answers)],
             [a.finish_reason for a in answers],
             sum(a.prompt_tokens for a in answers[:: self.n]),
             sum(a.completion_tokens for a in answers),
@@ -142,7 +142,7 @@ class CompletionFormatter(Formatter):
     def piece(self, piece: Piece, index: int) -> list[Any]:
         so_far = self.usage_report.so_far(piece.prompt_tokens, piece.completion_tokens)
         logprobs = self.echo.piece_logprobs(index, piece.prompt_logprobs, piece.logprobs)
-        text = self.echo.piece(index, piece.text)
+        text = self.echo.piece(index, piece.text, piece.prompt_text)
         return [oa.completion_chunk(self.rid, self.model, self.created, index, text, piece.finish_reason,
                                     so_far, self.logprobs.of(index, logprobs))]  # fmt: skip
 

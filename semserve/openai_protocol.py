@@ -15,7 +15,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from semserve.answer import Logprobs
 from semserve.errors import BadRequest
@@ -285,14 +293,36 @@ class _SamplingFields(EncodableRequest):
 
 
 def _prompt_schema(schema: dict[str, Any]) -> None:
-    # What `_prompt` accepts: text with something besides whitespace, alone or in a non-empty list.
+    # What `_prompt` accepts: text with something besides whitespace, or token ids, alone or in a
+    # non-empty list.
     text = {"type": "string", "pattern": r"\S"}
+    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
     schema.pop("anyOf", None)
-    schema["anyOf"] = [text, {"type": "array", "items": text, "minItems": 1}]
+    schema["anyOf"] = [text, {"type": "array", "items": text, "minItems": 1}, ids,
+                       {"type": "array", "items": ids, "minItems": 1}]  # fmt: skip
+
+
+# Past any vocabulary, and what INT32/INT64 tensors on the predictor's v2 hop carry.
+MAX_TOKEN_ID = 2**31
+
+
+@dataclass(frozen=True)
+class TokenPrompt:
+    """A completion prompt given as token ids (vLLM's, e.g. lm-evaluation-harness's default): the
+    model reads them as they are. Never cached: a cache key is text, and these have none."""
+
+    ids: tuple[int, ...]
+
+
+# A completion's prompt: text, or token ids.
+CompletionPrompt = str | TokenPrompt
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] = Field(json_schema_extra=_prompt_schema)
+    # Text or token ids (StrictInt: `true` is no token id), one prompt or a batch.
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(
+        json_schema_extra=_prompt_schema
+    )
     # 0 only with echo: the prompt's logprobs alone, nothing generated (vLLM's "echo without
     # generation", how evaluation harnesses score a text).
     max_tokens: int | None = Field(None, json_schema_extra={"minimum": 0})
@@ -302,13 +332,33 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v: Any) -> Any:
+        # Said here, or the union's errors read "Input should be a valid string" for [true].
+        def ids(x: Any) -> bool:
+            return isinstance(x, list) and all(type(t) is int for t in x)
+
+        if isinstance(v, str) or v == [] or ids(v):
+            return v
+        if isinstance(v, list) and (all(isinstance(p, str) for p in v) or all(ids(p) for p in v)):
+            return v
+        raise ValueError("prompt must be a string, a list of strings, a list of token ids (integers) or "
+                         "a list of such lists")  # fmt: skip
+
     @field_validator("prompt")
     @classmethod
-    def _prompt(cls, v: str | list[str]) -> str | list[str]:
-        prompts = [v] if isinstance(v, str) else v
+    def _prompt(cls, v: Any) -> Any:
+        prompts = [v] if isinstance(v, str) or (v and isinstance(v[0], int)) else v
         if not prompts:
             raise ValueError("prompt must not be an empty list")
         for p in prompts:
+            if isinstance(p, list):
+                if not p:
+                    raise ValueError("prompt must not be an empty list of token ids")
+                if any(not 0 <= t < MAX_TOKEN_ID for t in p):  # the predictor checks its vocabulary
+                    raise ValueError(f"prompt token ids must be in [0, {MAX_TOKEN_ID})")
+                continue
             if not p.strip():
                 raise ValueError("prompt must not be empty")
             if "\x00" in p:
@@ -318,11 +368,19 @@ class CompletionRequest(_SamplingFields):
         return v
 
     @property
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[CompletionPrompt]:
+        """Each prompt: its text, or its token ids."""
+        v = self.prompt
+        if isinstance(v, str):
+            return [v]
+        if isinstance(v[0], int):
+            return [TokenPrompt(tuple(v))]  # type: ignore[arg-type]
+        return [p if isinstance(p, str) else TokenPrompt(tuple(p)) for p in v]  # type: ignore[arg-type]
 
     def echoes(self) -> Echo:
-        return Echo(self.prompts if self.echo else None, self.n, generates=not self._echo_only)
+        # Token ids echo as the text the predictor decodes them to (the answer's prompt_text).
+        texts = [p if isinstance(p, str) else None for p in self.prompts]
+        return Echo(texts if self.echo else None, self.n, generates=not self._echo_only)
 
     @property
     def _echo_only(self) -> bool:
@@ -354,15 +412,18 @@ class Echo:
     prompt comes with the choice's first piece. With `generates` False (max_tokens 0) the choice is
     the prompt alone. Not an answer's part: the cache stores answers without it."""
 
-    def __init__(self, prompts: list[str] | None, n: int, generates: bool = True) -> None:
-        self.prompts, self.n = prompts, n  # prompts None: no echo
+    def __init__(self, prompts: list[str | None] | None, n: int, generates: bool = True) -> None:
+        # prompts None: no echo; a prompt None: token ids, echoed as the text reported beside the
+        # answer (`prompt_text`, what the predictor decoded them to).
+        self.prompts, self.n = prompts, n
         self.generates = generates
         self._echoed: set[int] = set()
 
-    def whole(self, index: int, text: str) -> str:
+    def whole(self, index: int, text: str, prompt_text: str | None = None) -> str:
         if self.prompts is None:
             return text
-        return self.prompts[index // self.n] + (text if self.generates else "")
+        prompt = self.prompts[index // self.n]
+        return (prompt if prompt is not None else prompt_text or "") + (text if self.generates else "")
 
     def logprobs(self, prompt: Logprobs | None, generated: Logprobs | None) -> Logprobs | None:
         """A whole choice's logprobs: the prompt's (when echoed) then the generated tokens'."""
@@ -370,13 +431,13 @@ class Echo:
             return generated
         return prompt + (generated or ()) if self.generates else prompt
 
-    def piece(self, index: int, text: str) -> str:
+    def piece(self, index: int, text: str, prompt_text: str | None = None) -> str:
         if self.prompts is None:
             return text
         if index in self._echoed:
             return text if self.generates else ""
         self._echoed.add(index)
-        return self.whole(index, text)
+        return self.whole(index, text, prompt_text)
 
     def piece_logprobs(
         self, index: int, prompt: Logprobs | None, generated: Logprobs | None

@@ -31,7 +31,7 @@ from cache.tenant_counters import Bucket, TenantCounters
 from semserve.answer import Piece
 from semserve.errors import RateLimited
 from semserve.logs import get_logger
-from semserve.openai_protocol import ChatPrompt
+from semserve.openai_protocol import ChatPrompt, TokenPrompt
 from transformers_svc import metrics
 from transformers_svc.tenant_quota import TenantQuotas
 
@@ -270,13 +270,19 @@ class Admission:
             metrics.TENANT_REFUSED.labels(self.model, tenant, "requests_per_minute").inc()
         return RateInfo(check.requests, check.tokens, refusal)
 
-    async def admit(self, tenant: str, prompt: str | ChatPrompt, max_tokens: int, request_id: str) -> Ticket:
+    async def admit(
+        self, tenant: str, prompt: str | ChatPrompt | TokenPrompt, max_tokens: int, request_id: str
+    ) -> Ticket:
         """Admit one miss of `tenant` before its generation calls the predictor, or raise
         RateLimited (its tokens per minute or max_concurrent; the fair queue's share) or Overloaded
         (the fair queue: the predictor is saturated), before any work."""
         limits = self.quotas.of(tenant)
-        chars = prompt_chars(prompt)
-        prompt_tokens, how = self.estimate.tokens(chars)
+        if isinstance(prompt, TokenPrompt):
+            # Counted, not estimated; 0 characters, so nothing is learned from it.
+            chars, prompt_tokens, how = 0, len(prompt.ids), "token ids"
+        else:
+            chars = prompt_chars(prompt)
+            prompt_tokens, how = self.estimate.tokens(chars)
         cost = prompt_tokens + max_tokens
         tpm, most = limits.tokens_per_minute, limits.max_concurrent
         ticket = Ticket(self, tenant, tpm, chars, cost)

@@ -52,7 +52,7 @@ from cache.single_flight import Broadcast, SingleFlight
 from semserve import stream_interval, tracing
 from semserve.answer import Answer, Piece, answer_of, replay, whole_piece
 from semserve.logs import get_logger
-from semserve.openai_protocol import ChatPrompt
+from semserve.openai_protocol import ChatPrompt, TokenPrompt
 from semserve.sampling import SamplingOptions
 from transformers_svc import metrics
 from transformers_svc.admission import NO_TICKET, Admission, Metered, Ticket
@@ -61,7 +61,7 @@ from transformers_svc.request_context import Listener, RequestContext, RequestRe
 
 log = get_logger("semserve.transformer.cache")
 
-Prompt = str | ChatPrompt
+Prompt = str | ChatPrompt | TokenPrompt
 # What a request's answer came from: the cache (exact, semantic), this request's own generation
 # (miss; bypass when it could not use the cache), or another request's generation (shared).
 CacheStatus = Literal["exact", "semantic", "miss", "bypass", "shared"]
@@ -180,6 +180,8 @@ class AnswerPipeline:
     def _mode_of(self, request: AnswerRequest) -> CacheMode:
         if isinstance(request.prompt, ChatPrompt) and request.prompt.messages[-1].role != "user":
             return NO_CACHE  # e.g. a tool result: nothing to match
+        if isinstance(request.prompt, TokenPrompt):
+            return NO_CACHE  # token ids: no text to key or match (this service has no tokenizer)
         return self.mode(request.context)
 
     def key(self, ctx: RequestContext, kind: Kind, prompt: str, context: object = None) -> CacheRequest:
@@ -200,6 +202,8 @@ class AnswerPipeline:
             # Only the last user message is matched semantically; everything before it, and
             # whatever else shapes the answer, is part of the key.
             return self.key(request.context, "chat", prompt.last_text, prompt.context())
+        if isinstance(prompt, TokenPrompt):
+            raise TypeError("token prompts are never cached (_mode_of)")
         return self.key(request.context, request.kind, prompt)
 
     async def lookup(
@@ -271,10 +275,11 @@ class AnswerPipeline:
         return answer.every(stream_interval.effective(self.settings.stream_interval, asked))
 
     async def _begin(self, request: AnswerRequest, streamed: bool) -> AnswerStream:
-        mode, key = self._mode_of(request), self._key_of(request)
+        mode = self._mode_of(request)
         if self.cache is None or not mode.used:
             metrics.LOOKUPS.labels(self.model, "bypass").inc()
             return AnswerStream("bypass", None, await self._metered(request, streamed))
+        key = self._key_of(request)
         speculation = self._speculation(request, key, mode, streamed)
         try:
             res = await self.lookup(key, mode, speculation.start if speculation is not None else None)

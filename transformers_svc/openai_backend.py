@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
@@ -164,7 +165,7 @@ class TransformerOpenAI:
     async def completions(
         self, req: oa.CompletionRequest, http: openai_routes.OpenAIHttpCall
     ) -> oa.Completion | AsyncIterator[oa.Completion]:
-        r = self._request(http, req, req.model, COMPLETIONS_ROUTE, req.prompts)
+        r = self._request(http, req, req.model, COMPLETIONS_ROUTE, [_recorded(p) for p in req.prompts])
         try:
             return await self._completions(r, req)
         except BaseException as exc:
@@ -299,3 +300,8 @@ def _chat_field(ask: AnswerRequest) -> Iterator[None]:
         if ask.kind == "chat" and exc.field is not None and exc.field.startswith("chat"):
             raise BadRequest(exc.message.replace(exc.field, "messages"), "messages") from None
         raise
+
+
+def _recorded(prompt: oa.CompletionPrompt) -> str:
+    """A prompt as the request log records it: its text, or its token ids as JSON."""
+    return prompt if isinstance(prompt, str) else json.dumps(list(prompt.ids))

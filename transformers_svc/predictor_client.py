@@ -30,7 +30,7 @@ from semserve.answer import Piece
 from semserve.errors import BadRequest, NotFound, ServingError, Unavailable
 from semserve.judge_protocol import CACHED_INPUT, PROBABILITY_OUTPUT, QUERY_INPUT, judge_model_name
 from semserve.logs import get_logger
-from semserve.openai_protocol import ChatPrompt
+from semserve.openai_protocol import ChatPrompt, TokenPrompt
 from semserve.sampling import SamplingOptions
 from semserve.v2 import grpc_service as service
 from semserve.v2 import grpc_tensors as tensors
@@ -44,7 +44,7 @@ log = get_logger("semserve.transformer.upstream")
 _T = TypeVar("_T")
 
 # What the predictor generates from: a raw prompt, or a chat it renders with its template.
-Prompt = str | ChatPrompt
+Prompt = str | ChatPrompt | TokenPrompt
 
 
 def _sampling_json(options: SamplingOptions, stream_interval: int) -> str:
@@ -160,6 +160,11 @@ class PredictorClient:
     ) -> pb.ModelInferRequest:
         if isinstance(prompt, ChatPrompt):
             first = _bytes_input(v2.CHAT_INPUT, prompt.model_dump_json(exclude_none=True).encode())
+        elif isinstance(prompt, TokenPrompt):
+            first = pb.ModelInferRequest.InferInputTensor(
+                name=v2.IDS_INPUT, datatype="INT64", shape=[1, len(prompt.ids)],
+                contents=pb.InferTensorContents(int64_contents=list(prompt.ids)),
+            )
         else:
             first = _bytes_input(v2.TEXT_INPUT, prompt.encode())
         sampling = _sampling_json(options, self.settings.stream_interval).encode()
@@ -274,7 +279,7 @@ class PredictorClient:
                     finished = bool(tensors.plain_parameters(message.infer_response.parameters).get(
                         v2.FINAL_RESPONSE
                     ))
-                    if piece.text or piece.finish_reason or piece.logprobs or piece.prompt_logprobs:
+                    if piece.text or piece.finish_reason or piece.logprobs or _reports_prompt(piece):
                         pieces += 1
                         self._answered()
                         yield piece
@@ -317,7 +322,13 @@ def _let_finish(call: Any) -> None:
 
 
 def _prompt_kind(prompt: Prompt) -> str:
+    if isinstance(prompt, TokenPrompt):
+        return "tokens"
     return "chat" if isinstance(prompt, ChatPrompt) else "text"
+
+
+def _reports_prompt(piece: Piece) -> bool:
+    return piece.prompt_logprobs is not None or piece.prompt_text is not None
 
 
 def _probability(response: pb.ModelInferResponse) -> float:
@@ -344,6 +355,7 @@ def _piece(response: pb.ModelInferResponse) -> Piece:
         model_revision=str(revision) if revision else None,
         logprobs=result.logprobs,
         prompt_logprobs=result.prompt_logprobs,
+        prompt_text=result.prompt_text,
     )
 
 

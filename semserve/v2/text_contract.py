@@ -29,11 +29,14 @@ from pydantic import ValidationError
 
 from semserve.answer import Answer, Logprobs, TokenLogprob
 from semserve.errors import BadRequest
-from semserve.openai_protocol import ChatPrompt, validation_error
+from semserve.openai_protocol import ChatPrompt, CompletionPrompt, TokenPrompt, validation_error
 from semserve.sampling import SamplingOptions, parse_sampling, structured_outputs
 
 TEXT_INPUT = "text_input"
 CHAT_INPUT = "chat"
+# Instead of text_input: token ids, INT32 or INT64, shape [L] (one prompt) or [B, L] (B prompts
+# of L tokens), read by the model as they are (vLLM's token prompts).
+IDS_INPUT = "input_ids"
 SAMPLING_INPUT = "sampling_parameters"
 STREAM_INPUT = "stream"
 TEXT_OUTPUT = "text_output"
@@ -45,6 +48,8 @@ LOGPROBS_OUTPUT = "logprobs"
 # Only with the `prompt_logprobs` parameter: per answer, the same list for its prompt's tokens, the
 # first with a null logprob (nothing predicts it). On a stream, in the first response only.
 PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
+# Only for token-id prompts: per prompt, the text its ids decode to (what completions' echo shows).
+PROMPT_TEXT_OUTPUT = "prompt_text"
 # Response parameter (string): the model revision that produced the answer, when the predictor has
 # one (--model-revision); the transformer does not cache answers of another revision than its own.
 MODEL_REVISION = "model_revision"
@@ -59,6 +64,7 @@ INPUTS_METADATA: list[dict[str, Any]] = [
     {"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]},
     # Optional, or instead of text_input (the gRPC TensorMetadata message has no field to say so).
     {"name": CHAT_INPUT, "datatype": "BYTES", "shape": [-1]},
+    {"name": IDS_INPUT, "datatype": "INT64", "shape": [-1, -1]},
     {"name": SAMPLING_INPUT, "datatype": "BYTES", "shape": [1]},
     {"name": STREAM_INPUT, "datatype": "BOOL", "shape": [1]},
 ]
@@ -68,13 +74,15 @@ OUTPUTS_METADATA: list[dict[str, Any]] = [
     {"name": COMPLETION_TOKENS, "datatype": "INT32", "shape": [-1]},
     {"name": LOGPROBS_OUTPUT, "datatype": "BYTES", "shape": [-1]},
     {"name": PROMPT_LOGPROBS_OUTPUT, "datatype": "BYTES", "shape": [-1]},
+    {"name": PROMPT_TEXT_OUTPUT, "datatype": "BYTES", "shape": [-1]},
 ]
 
 
 @dataclass(frozen=True)
 class TextRequest:
-    # Exactly one of the two is non-empty: raw prompts (text_input) or chat prompts (chat).
-    prompts: list[str]
+    # Exactly one of the two is non-empty: raw prompts (text_input, or input_ids: token ids) or
+    # chat prompts (chat).
+    prompts: list[CompletionPrompt]
     sampling: SamplingOptions
     # Request-level parameters other than sampling (e.g. the transformer's cache hints), kept verbatim.
     extra: dict[str, Any]
@@ -175,32 +183,56 @@ def _stream_flag(request: InferRequest, params: dict[str, Any]) -> bool:
     return bool(values[0])
 
 
+def _token_prompts(inp: Any, max_batch: int) -> list[CompletionPrompt]:
+    """input_ids: INT32 or INT64, [L] (one prompt) or [B, L]; each id non-negative (the predictor
+    checks them against its vocabulary)."""
+    if inp.datatype not in ("INT32", "INT64"):
+        raise BadRequest(f"{IDS_INPUT} must have datatype INT32 or INT64, got {inp.datatype}", IDS_INPUT)
+    shape = list(inp.shape)
+    if not 1 <= len(shape) <= 2 or any(not isinstance(d, int) or d < 1 for d in shape):
+        raise BadRequest(f"{IDS_INPUT} must have shape [L] or [B, L] with L >= 1, got {shape}", IDS_INPUT)
+    try:
+        rows = np.asarray(inp.as_numpy(), dtype=np.int64).reshape(-1, shape[-1]).tolist()
+    except Exception as exc:  # numpy raises several types for data that doesn't fit the shape
+        raise BadRequest(f"{IDS_INPUT}: data does not match shape {shape}: {exc}", IDS_INPUT) from None
+    if len(rows) > max_batch:
+        raise BadRequest(f"{IDS_INPUT} holds {len(rows)} prompts; at most {max_batch}", IDS_INPUT)
+    if any(t < 0 for row in rows for t in row):
+        raise BadRequest(f"{IDS_INPUT} must hold token ids (non-negative)", IDS_INPUT)
+    return [TokenPrompt(tuple(row)) for row in rows]
+
+
 def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
     names = [i.name for i in request.inputs]
-    known = (TEXT_INPUT, CHAT_INPUT, SAMPLING_INPUT, STREAM_INPUT)
+    known = (TEXT_INPUT, CHAT_INPUT, IDS_INPUT, SAMPLING_INPUT, STREAM_INPUT)
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise BadRequest(
-            f"unknown input(s) {unknown}; expected {TEXT_INPUT!r} or {CHAT_INPUT!r}", unknown[0]
-        )
+        expected = f"{TEXT_INPUT!r}, {CHAT_INPUT!r} or {IDS_INPUT!r}"
+        raise BadRequest(f"unknown input(s) {unknown}; expected {expected}", unknown[0])
+    given = [n for n in (TEXT_INPUT, CHAT_INPUT, IDS_INPUT) if n in names]
+    if len(given) > 1:
+        raise BadRequest(f"send one of {TEXT_INPUT!r}, {CHAT_INPUT!r} and {IDS_INPUT!r}, not "
+                         f"{' and '.join(repr(n) for n in given)}", given[-1])  # fmt: skip
     text_input = request.get_input_by_name(TEXT_INPUT)
     chat_input = request.get_input_by_name(CHAT_INPUT)
-    if text_input is not None and chat_input is not None:
-        raise BadRequest(f"send {TEXT_INPUT!r} or {CHAT_INPUT!r}, not both", CHAT_INPUT)
+    ids_input = request.get_input_by_name(IDS_INPUT)
     prompt_input = text_input if text_input is not None else chat_input
-    if prompt_input is None:
+    if prompt_input is None and ids_input is None:
         raise BadRequest(
             f"missing input {TEXT_INPUT!r} (BYTES, shape [B]) or {CHAT_INPUT!r} (BYTES, shape [B])",
             TEXT_INPUT,
         )
-    items = _elements(prompt_input)
-    if not items:
+    items = _elements(prompt_input) if prompt_input is not None else ["ids"]
+    if not items and prompt_input is not None:
         raise BadRequest(f"{prompt_input.name} holds no prompts", prompt_input.name)
-    if len(items) > max_batch:
+    if len(items) > max_batch and prompt_input is not None:
         raise BadRequest(
             f"{prompt_input.name} holds {len(items)} prompts; at most {max_batch}", prompt_input.name
         )
-    if text_input is not None:
+    prompts: list[CompletionPrompt]
+    if ids_input is not None:
+        prompts, chats = _token_prompts(ids_input, max_batch), []
+    elif text_input is not None:
         prompts, chats = [decode_text(item, i) for i, item in enumerate(items)], []
     else:
         prompts, chats = [], [_chat(item, i) for i, item in enumerate(items)]
@@ -280,6 +312,9 @@ def build_response(
         if any(of(r) is not None for r in results):
             values = [json.dumps([t.to_json() for t in of(r) or ()]) for r in results]
             outputs.append(InferOutput(name, [batch], "BYTES", values))
+    if any(r.prompt_text is not None for r in results):
+        prompt_texts = [r.prompt_text or "" for r in results]
+        outputs.append(InferOutput(PROMPT_TEXT_OUTPUT, [batch], "BYTES", prompt_texts))
     for name, values in (extra_outputs or {}).items():
         outputs.append(InferOutput(name, [len(values)], "BYTES", list(values)))
     return InferResponse(
@@ -333,9 +368,10 @@ def results_from_columns(column: Callable[[str], list[Any] | None]) -> list[Answ
     reasons = required(FINISH_REASON) or [""] * len(texts)
     tokens = required(COMPLETION_TOKENS) or [0] * len(texts)
     own, of_prompt = logprobs(LOGPROBS_OUTPUT), logprobs(PROMPT_LOGPROBS_OUTPUT)
+    prompt_texts = [text(v) for v in column(PROMPT_TEXT_OUTPUT) or []] or [None] * len(texts)
     return [
-        Answer(text(t), text(r), int(n), logprobs=lp, prompt_logprobs=plp)
-        for t, r, n, lp, plp in zip(texts, reasons, tokens, own, of_prompt, strict=True)
+        Answer(text(t), text(r), int(n), logprobs=lp, prompt_logprobs=plp, prompt_text=pt)
+        for t, r, n, lp, plp, pt in zip(texts, reasons, tokens, own, of_prompt, prompt_texts, strict=True)
     ]
 
 

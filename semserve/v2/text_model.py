@@ -83,7 +83,9 @@ class TextModel(V2Model):
 def prompts_of(payload: InferRequest) -> int:
     """How many prompts a request holds (its prompt input's first dimension), for the statistics."""
     for tensor in payload.inputs:
-        if tensor.name in (v2.TEXT_INPUT, v2.CHAT_INPUT) and tensor.shape:
+        if tensor.name in (v2.TEXT_INPUT, v2.CHAT_INPUT, v2.IDS_INPUT) and tensor.shape:
+            if tensor.name == v2.IDS_INPUT and len(tensor.shape) == 1:
+                return 1  # [L]: one prompt of L tokens
             first = tensor.shape[0]
             return first if isinstance(first, int) and first > 0 else 0
     return 0

@@ -56,3 +56,36 @@ def test_asking_twice_or_for_nothing_known_is_a_400(fields: dict[str, Any], fiel
     with pytest.raises(BadRequest, match=re.escape(message)) as caught:
         constraint(**fields)
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize(("prompt", "expected"), [
+    ("Hi", ["Hi"]),
+    (["Hi", "Yo"], ["Hi", "Yo"]),
+    ([1, 2, 3], [oa.TokenPrompt((1, 2, 3))]),  # vLLM's token prompt: one prompt
+    ([[1, 2], [3]], [oa.TokenPrompt((1, 2)), oa.TokenPrompt((3,))]),  # a batch of them
+])  # fmt: skip
+def test_a_completion_prompt_is_text_or_token_ids(prompt: Any, expected: list[Any]) -> None:
+    assert oa.CompletionRequest.model_validate({"model": "llm", "prompt": prompt}).prompts == expected
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ([True], "prompt must be a string, a list of strings, a list of token ids"),  # a bool is no id
+    ([[1], "x"], "a list of such lists"),
+    ([1.5], "token ids (integers)"),
+    ([[]], "prompt must not be an empty list of token ids"),
+    ([-1], "prompt token ids must be in [0, 2147483648)"),
+    ([[1, 2**31]], "prompt token ids must be in [0, 2147483648)"),
+])  # fmt: skip
+def test_a_prompt_that_is_neither_is_named(prompt: Any, message: str) -> None:
+    with pytest.raises(Exception) as caught:
+        oa.CompletionRequest.model_validate({"model": "llm", "prompt": prompt})
+    error = oa.validation_error(caught.value)
+    assert error.field == "prompt" and message in error.message, error.message
+
+
+def test_token_prompts_echo_the_text_the_predictor_reports() -> None:
+    req = oa.CompletionRequest.model_validate({"model": "llm", "prompt": [[1, 2], [3]], "echo": True})
+    echo = req.echoes()
+    assert echo.prompts == [None, None]
+    assert echo.whole(1, " there", prompt_text="Hi") == "Hi there"
+    assert echo.piece(0, " a", prompt_text="Yo") == "Yo a" and echo.piece(0, " b", prompt_text="Yo") == " b"

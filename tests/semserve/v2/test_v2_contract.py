@@ -10,6 +10,7 @@ from kserve import InferInput, InferRequest
 from semserve import v2
 from semserve.answer import Answer, TokenLogprob
 from semserve.errors import BadRequest
+from semserve.openai_protocol import TokenPrompt
 
 
 def req(inputs: list[InferInput], **params: object) -> InferRequest:
@@ -141,3 +142,32 @@ def test_piece_response_fills_only_its_prompt() -> None:
     assert v2.read_response(resp) == [
         Answer("", "", 0), Answer("lo", "", 2), Answer("", "", 0)
     ]
+
+
+def test_input_ids_are_token_prompts() -> None:
+    # [L]: one prompt; [B, L]: B prompts of L tokens; INT32 or INT64.
+    one = v2.parse_request(req([InferInput("input_ids", [3], "INT64", [5, 6, 7])]), 8)
+    assert one.prompts == [TokenPrompt((5, 6, 7))] and one.size == 1
+    two = v2.parse_request(req([InferInput("input_ids", [2, 2], "INT32", [[1, 2], [3, 4]])], max_tokens=3), 8)
+    assert two.prompts == [TokenPrompt((1, 2)), TokenPrompt((3, 4))] and two.sampling.max_tokens == 3
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ([InferInput("input_ids", [2], "BYTES", ["1", "2"])], "input_ids must have datatype INT32 or INT64"),
+    ([InferInput("input_ids", [1, 0], "INT64", [])], "input_ids must have shape [L] or [B, L] with L >= 1"),
+    ([InferInput("input_ids", [2], "INT64", [3, -1])], "input_ids must hold token ids (non-negative)"),
+    ([InferInput("input_ids", [9, 1], "INT64", [[1]] * 9)], "input_ids holds 9 prompts; at most 8"),
+    ([InferInput("text_input", [1], "BYTES", ["a"]), InferInput("input_ids", [1], "INT64", [1])],
+     "send one of 'text_input', 'chat' and 'input_ids', not 'text_input' and 'input_ids'"),
+])  # fmt: skip
+def test_input_ids_errors_name_the_input(inputs: list[InferInput], message: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        v2.parse_request(req(inputs), 8)
+    assert err.value.field == "input_ids" and message in err.value.message, err.value.message
+
+
+def test_prompt_text_comes_back_for_token_prompts_only() -> None:
+    results = [Answer(" there", "stop", 1, prompt_text="Hi"), Answer(" yo", "stop", 1, prompt_text="Yo")]
+    resp = v2.build_response("llm", "id1", results)
+    assert v2.read_response(resp) == results
+    assert v2.build_response("llm", "id2", [Answer("x", "stop", 1)]).get_output_by_name("prompt_text") is None
