@@ -173,6 +173,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     lm.add_argument("--lm-eval", default="lm_eval", help="the lm_eval command (default: on PATH)")
     lm.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the prepared SmolLM2)")
     lm.add_argument("--concurrent", type=int, default=1, help="lm-eval's num_concurrent")
+    lm.add_argument("--tokenized", action="store_true",
+                    help="lm-eval sends token ids (its default, tokenized_requests=True) instead of text")
     lm.add_argument("--output", default=None, help="append the markdown table to this file")
     lm.set_defaults(func=_main_of("lm_eval_parity"))
 

@@ -122,10 +122,13 @@ def parse_target(text: str) -> tuple[str, str]:
     return name, url
 
 
-def _run(lm_eval: str, name: str, url: str, tasks: list[str], tokenizer: Path, concurrent: int) -> Run:
+def _run(
+    lm_eval: str, name: str, url: str, tasks: list[str], tokenizer: Path, concurrent: int, tokenized: bool
+) -> Run:
     out = OUT_DIR / name
     shutil.rmtree(out, ignore_errors=True)
-    model_args = (f"model=llm,base_url={url},tokenizer={tokenizer},tokenized_requests=False,"
+    # tokenized_requests: lm-eval sends token ids (its default) or text.
+    model_args = (f"model=llm,base_url={url},tokenizer={tokenizer},tokenized_requests={tokenized},"
                   f"num_concurrent={concurrent},max_retries=1")  # fmt: skip
     cmd = [lm_eval, "--model", "local-completions", "--model_args", model_args, "--tasks", ",".join(tasks),
            "--include_path", str(TASKS_DIR), "--log_samples", "--output_path", str(out)]  # fmt: skip
@@ -152,7 +155,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     tokenizer = Path(args.tokenizer) if args.tokenizer else model_prep.prepare().model_dir
     tasks = args.tasks.split(",")
-    runs = [_run(lm_eval, name, url, tasks, tokenizer, args.concurrent) for name, url in args.target]
+    runs = [_run(lm_eval, name, url, tasks, tokenizer, args.concurrent, args.tokenized)
+            for name, url in args.target]  # fmt: skip
     text = table(runs)
     print()
     print(text)

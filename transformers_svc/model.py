@@ -242,4 +242,5 @@ def similarity_parameters(outcomes: list[tuple[str, float | None]]) -> dict[str,
 
 def _result(answer: Answer) -> Answer:
     return Answer(answer.text, answer.finish_reason, answer.completion_tokens, answer.prompt_tokens,
-                  logprobs=answer.logprobs, prompt_logprobs=answer.prompt_logprobs)  # fmt: skip
+                  logprobs=answer.logprobs, prompt_logprobs=answer.prompt_logprobs,
+                  prompt_text=answer.prompt_text)  # fmt: skip

@@ -267,6 +267,43 @@ def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI) -> None:
         client.completions.create(model="llm", prompt=context, max_tokens=0)
 
 
+def test_token_id_prompts(client: openai.OpenAI, predictor: Predictor) -> None:
+    # vLLM's token prompts: the model reads the ids as they are, the same as the text they encode.
+    from transformers import AutoTokenizer
+
+    from semserve import model_prep
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_prep.prepare().model_dir))
+    texts = ["The capital of France is", "The capital of Italy is"]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    ask = {"model": "llm", "temperature": 0, "max_tokens": 4}
+    as_text = client.completions.create(**ask, prompt=texts[0])
+    as_ids = client.completions.create(**ask, prompt=ids[0])
+    assert as_ids.choices[0].text == as_text.choices[0].text and as_ids.usage == as_text.usage
+    batch = client.completions.create(**ask, prompt=ids)
+    by_text = client.completions.create(**ask, prompt=texts)
+    assert [c.text for c in batch.choices] == [c.text for c in by_text.choices]
+    # Echo shows the text the ids decode to; with logprobs, lm-eval's request with its defaults.
+    scored = client.completions.create(**{**ask, "max_tokens": 1}, prompt=ids, echo=True, logprobs=1)
+    for text, token_ids, choice in zip(texts, ids, scored.choices, strict=True):
+        assert choice.text.startswith(text) and len(choice.logprobs.tokens) == len(token_ids) + 1
+        assert choice.logprobs.token_logprobs[0] is None
+    streamed = list(client.completions.create(**ask, prompt=ids[1], echo=True, stream=True))
+    assert streamed[0].choices[0].text.startswith(texts[1])
+    assert "".join(c.choices[0].text for c in streamed) == texts[1] + batch.choices[1].text
+    # An id outside the vocabulary is a 400 naming the prompt, before any generation.
+    r = httpx.post(f"{predictor.openai_base}/completions", json={**ask, "prompt": [1, 10**6]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert "outside the vocabulary" in r.json()["error"]["message"]
+    # v2: input_ids, INT64 [B, L]; the answer as for the text, and the prompt's text beside it.
+    tensor = {"name": "input_ids", "datatype": "INT64", "shape": [1, len(ids[0])], "data": ids[0]}
+    body = {"inputs": [tensor], "parameters": {"max_tokens": 4, "temperature": 0}}
+    r = httpx.post(f"{predictor.http}/v2/models/llm/infer", json=body, timeout=60)
+    outputs = {o["name"]: o["data"] for o in r.json()["outputs"]}
+    assert outputs["text_output"] == [as_text.choices[0].text], r.text
+    assert outputs["prompt_text"] == [texts[0]]
+
+
 def test_vllm_s_stop_extensions(client: openai.OpenAI) -> None:
     from transformers import AutoTokenizer
 

@@ -466,6 +466,44 @@ def test_echo_with_logprobs_passes_through_and_bypasses_the_cache(
     assert [t[0] for t in tokens] == got.logprobs.tokens[:-1] and tokens[0][1] is None
 
 
+def test_token_id_prompts_pass_through_and_bypass_the_cache(
+    transformer: Transformer, predictor: Predictor
+) -> None:
+    # Token ids have no text to match: generated every time, stored never, as the predictor answers.
+    from transformers import AutoTokenizer
+
+    from semserve import model_prep
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_prep.prepare().model_dir))
+    text = unique("The capital of France is")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    client = openai.OpenAI(base_url=transformer.openai_base, api_key="unused", max_retries=0)
+    direct = openai.OpenAI(base_url=predictor.openai_base, api_key="unused", max_retries=0)
+    ask = {"model": "llm", "temperature": 0, "max_tokens": 4}
+    before = generations(predictor)
+    for _ in range(2):
+        raw = client.completions.with_raw_response.create(**ask, prompt=ids)
+        assert raw.headers["x-semserve-cache"] == "bypass"
+    assert generations(predictor) == before + 2
+    assert raw.parse().choices[0].text == direct.completions.create(**ask, prompt=ids).choices[0].text
+    # lm-eval's default loglikelihood request: token ids, echo, logprobs 1, max_tokens 1.
+    score = {**ask, "max_tokens": 1, "prompt": [ids, ids[:-1]], "echo": True, "logprobs": 1}
+    scored, own = client.completions.create(**score), direct.completions.create(**score)
+    for got, theirs in zip(scored.choices, own.choices, strict=True):
+        assert got.text == theirs.text and got.logprobs.tokens == theirs.logprobs.tokens
+        assert got.logprobs.token_logprobs[1:] == pytest.approx(theirs.logprobs.token_logprobs[1:], abs=0.05)
+    assert scored.choices[0].text.startswith(text)
+    chunks = list(client.completions.create(**ask, prompt=ids, echo=True, stream=True))
+    assert chunks[0].choices[0].text.startswith(text)
+    # v2 input_ids through the transformer, and a bad id answered as the predictor answers it.
+    body = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [len(ids)], "data": ids}],
+            "parameters": {"max_tokens": 4, "temperature": 0}}  # fmt: skip
+    outputs = out(httpx.post(f"{transformer.http}/v2/models/llm/infer", json=body, timeout=120))
+    assert outputs["cache_status"] == ["bypass"] and outputs["prompt_text"] == [text]
+    r = httpx.post(f"{transformer.openai_base}/completions", json={**ask, "prompt": [1, 10**6]}, timeout=60)
+    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"], r.text
+
+
 def test_structured_outputs_through_the_cache(transformer: Transformer, predictor: Predictor) -> None:
     q = unique("What is the capital of France? Answer in JSON.")
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
