@@ -54,7 +54,8 @@ async def test_grpc_metadata(predictor: Predictor) -> None:
         meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name="llm"))
         assert {i.name for i in meta.inputs} >= {"text_input"}
         outputs = {o.name for o in meta.outputs}
-        assert outputs == {"text_output", "finish_reason", "completion_tokens", "logprobs", "prompt_logprobs"}
+        assert outputs == {"text_output", "finish_reason", "completion_tokens", "logprobs", "prompt_logprobs",
+                       "prompt_text"}
 
 
 @pytest.mark.parametrize(

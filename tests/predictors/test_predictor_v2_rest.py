@@ -32,7 +32,8 @@ def test_metadata_lists_the_tensor_contract(predictor: Predictor) -> None:
     inputs = {i["name"]: i for i in meta["inputs"]}
     outs = {o["name"]: o for o in meta["outputs"]}
     assert inputs["text_input"]["datatype"] == "BYTES"
-    assert set(outs) == {"text_output", "finish_reason", "completion_tokens", "logprobs", "prompt_logprobs"}
+    assert set(outs) == {"text_output", "finish_reason", "completion_tokens", "logprobs", "prompt_logprobs",
+                       "prompt_text"}
     assert outs["completion_tokens"]["datatype"] == "INT32"
 
 
