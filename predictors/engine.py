@@ -426,7 +426,8 @@ class Engine:
                     if piece.text or finish or logprobs or of_prompt:
                         digest.update(piece.text.encode())
                         # A token prompt's text rides with the first piece, as its logprobs do.
-                        prompt_text, first = (prepared.prompt_text, False) if first else (None, False)
+                        prompt_text = prepared.prompt_text if first else None
+                        first = False
                         yield Piece(piece.text, finish, tokens, prompt_tokens, logprobs=logprobs,
                                     prompt_logprobs=of_prompt, prompt_text=prompt_text)  # fmt: skip
             outcome = "ok"
