@@ -222,20 +222,22 @@ def parse_request(request: InferRequest, max_batch: int) -> TextRequest:
             f"missing input {TEXT_INPUT!r} (BYTES, shape [B]) or {CHAT_INPUT!r} (BYTES, shape [B])",
             TEXT_INPUT,
         )
-    items = _elements(prompt_input) if prompt_input is not None else ["ids"]
-    if not items and prompt_input is not None:
-        raise BadRequest(f"{prompt_input.name} holds no prompts", prompt_input.name)
-    if len(items) > max_batch and prompt_input is not None:
-        raise BadRequest(
-            f"{prompt_input.name} holds {len(items)} prompts; at most {max_batch}", prompt_input.name
-        )
-    prompts: list[CompletionPrompt]
-    if ids_input is not None:
-        prompts, chats = _token_prompts(ids_input, max_batch), []
-    elif text_input is not None:
-        prompts, chats = [decode_text(item, i) for i, item in enumerate(items)], []
+    prompts: list[CompletionPrompt] = []
+    chats: list[ChatPrompt] = []
+    if prompt_input is None:
+        prompts = _token_prompts(ids_input, max_batch)
     else:
-        prompts, chats = [], [_chat(item, i) for i, item in enumerate(items)]
+        items = _elements(prompt_input)
+        if not items:
+            raise BadRequest(f"{prompt_input.name} holds no prompts", prompt_input.name)
+        if len(items) > max_batch:
+            raise BadRequest(
+                f"{prompt_input.name} holds {len(items)} prompts; at most {max_batch}", prompt_input.name
+            )
+        if text_input is not None:
+            prompts = [decode_text(item, i) for i, item in enumerate(items)]
+        else:
+            chats = [_chat(item, i) for i, item in enumerate(items)]
 
     params = _plain_parameters(request.parameters)
     sampling_input = request.get_input_by_name(SAMPLING_INPUT)
